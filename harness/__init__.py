@@ -1,0 +1,28 @@
+"""One harness for every matmul in this repository.
+
+    import harness
+    harness.implementations("c.*")          # the registry, in reading order
+    mm = harness.get("c.blocked")           # callable on two NumPy arrays
+    c = mm(a, b)
+    results = harness.compare([256, "512x512x1024"], ["c.*", "numpy"], ["float32"])
+    print(results); results.to_json("out.json"); results.plot("out.png")
+
+Shapes are ``N`` (square) or ``MxNxK``: C = A @ B is M x N and K is the inner dimension.
+"""
+from .checking import check, reference, tolerance
+from .compare import Results, Row, compare
+from .core import Implementation, Matmul, MatmulInputError, UnavailableError
+from .inputs import Shape, make_inputs, parse_shape
+from .registry import REGISTRY, implementations, lookup
+
+
+def get(name: str, **options) -> Matmul:
+    """The implementation called ``name``, as a callable ``(a, b) -> numpy array``."""
+    return Matmul(lookup(name), **options)
+
+
+__all__ = [
+    "REGISTRY", "Implementation", "Matmul", "MatmulInputError", "Results", "Row", "Shape",
+    "UnavailableError", "check", "compare", "get", "implementations", "make_inputs",
+    "parse_shape", "reference", "tolerance",
+]

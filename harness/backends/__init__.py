@@ -1,0 +1,1 @@
+"""One adapter module per language. Each exports IMPLEMENTATIONS, in reading order."""

@@ -1,0 +1,105 @@
+"""Command line: ``python -m harness list`` and ``python -m harness compare``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import registry
+from .inputs import parse_shape
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit code 2."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def _shape_arg(text: str):
+    try:
+        return parse_shape(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def implementation_table(markdown: bool = False) -> str:
+    """Every implementation, with whether it can run here (or, for --markdown, its metadata)."""
+    impls = registry.implementations()
+    if markdown:
+        lines = [
+            "| implementation | language | device | dtypes | source | what it is |",
+            "|---|---|---|---|---|---|",
+        ]
+        for impl in impls:
+            source = f"[`{impl.source}`]({impl.source})" if impl.source else ""
+            op = " (GEMV, M = 1)" if impl.operation == "gemv" else ""
+            lines.append(f"| `{impl.name}` | {impl.language} | {impl.device} | {', '.join(impl.dtypes)} | {source} | {impl.summary}{op} |")
+        return "\n".join(lines) + "\n"
+    from rich.console import Console
+    from rich.table import Table
+    import io
+
+    table = Table(title="implementations (reading order)", title_justify="left")
+    for header in ("implementation", "language", "device", "op", "dtypes", "source", "available"):
+        table.add_column(header)
+    for impl in impls:
+        reason = impl.unavailable_reason()
+        table.add_row(impl.name, impl.language, impl.device, impl.operation, ", ".join(impl.dtypes),
+                      impl.source or "", "yes" if reason is None else f"no: {reason}")
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(table)
+    return console.file.getvalue()
+
+
+def main(argv=None) -> int:
+    parser = _Parser(prog="python -m harness", description="Compare the matmuls of this repository.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    listing = commands.add_parser("list", help="list every implementation and whether it can run here")
+    listing.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
+
+    comparing = commands.add_parser(
+        "compare", help="check and time implementations side by side",
+        description="Shapes are N (square) or MxNxK: C = A @ B is M x N, K is the inner dimension.",
+    )
+    comparing.add_argument("--shapes", nargs="+", type=_shape_arg, default=[parse_shape(256)], metavar="SHAPE",
+                           help="N or MxNxK (default 256)")
+    comparing.add_argument("--impls", nargs="+", default=None, metavar="PATTERN",
+                           help="names or glob patterns, e.g. 'c.*' numpy (default: all)")
+    comparing.add_argument("--dtype", "--dtypes", dest="dtypes", nargs="+", default=["float32"],
+                           choices=["float32", "float64", "float16", "bfloat16"])
+    comparing.add_argument("--threads", type=int, default=1, help="BLAS and kernel threads (default 1; 0 = library default)")
+    comparing.add_argument("--min-time", type=float, default=0.2, help="seconds of timed runs per row (default 0.2)")
+    comparing.add_argument("--seed", type=int, default=0)
+    comparing.add_argument("--allow-slow", action="store_true", help="run pure Python even on sizes that take hours")
+    comparing.add_argument("--no-baseline", action="store_true", help="do not add the library baseline")
+    comparing.add_argument("--json", metavar="PATH", help="write results and machine info as JSON")
+    comparing.add_argument("--csv", metavar="PATH", help="write results as CSV")
+    comparing.add_argument("--plot", metavar="PATH", help="draw GFLOP/s against size (PNG)")
+    comparing.add_argument("--no-progress", action="store_true")
+
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        sys.stdout.write(implementation_table(args.markdown))
+        return 0
+
+    from .compare import compare
+
+    if args.threads < 0:
+        parser.error("--threads must be >= 0")
+    try:
+        registry.implementations(*(args.impls or []))
+    except KeyError as error:
+        parser.error(str(error.args[0]))
+    results = compare(
+        args.shapes, args.impls, args.dtypes, threads=args.threads or None, min_time=args.min_time,
+        seed=args.seed, allow_slow=True if args.allow_slow else None, baselines=not args.no_baseline,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+    print(results)
+    for path, writer in ((args.json, results.to_json), (args.csv, results.to_csv), (args.plot, results.plot)):
+        if path:
+            print(f"wrote {writer(path)}")
+    failed = [r for r in results.rows if r.status.startswith(("FAILED", "error"))]
+    return 1 if failed else 0

@@ -1,0 +1,145 @@
+"""The C library: find it (building it first in a checkout), declare it to cffi, load it.
+
+In a checkout the library is built with CMake into ``build/harness-c/`` and rebuilt whenever
+a C source, header or CMakeLists.txt is newer than it, so an edited ``c/*.c`` takes effect on
+the next run. An installed wheel uses the library it was built with (``harness/_lib``).
+``MATMUL_C_LIBRARY=/path/to/libmatmul.so`` overrides both (the sanitizer build uses it).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+from . import sources
+
+LIBRARY_NAMES = {"linux": "libmatmul.so", "darwin": "libmatmul.dylib"}
+
+
+class CLibraryError(RuntimeError):
+    """The C library could not be built or loaded; the message says how to fix it."""
+
+
+_build_lock = threading.Lock()
+
+
+@contextmanager
+def _interprocess_lock(build_dir: Path):
+    """Serialise builds across processes (pytest workers, a second shell) on one build dir."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; builds are then only serialised within a process
+        yield
+        return
+    with open(build_dir / ".build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _library_filename() -> str:
+    return LIBRARY_NAMES.get(sys.platform, "libmatmul.so")
+
+
+def checkout_build_dir() -> Path:
+    return sources.sources_root() / "build" / "harness-c"
+
+
+def _c_inputs(root: Path) -> list[Path]:
+    return [root / "CMakeLists.txt", *sorted((root / "c").rglob("*.[ch]"))]
+
+
+def _is_stale(library: Path, root: Path) -> bool:
+    if not library.is_file():
+        return True
+    built = library.stat().st_mtime_ns
+    return any(p.stat().st_mtime_ns > built for p in _c_inputs(root))
+
+
+def _cmake() -> str:
+    found = shutil.which("cmake")
+    if found:
+        return found
+    try:  # the `cmake` package from PyPI puts one beside the interpreter
+        import cmake  # type: ignore
+
+        return str(Path(cmake.CMAKE_BIN_DIR) / "cmake")
+    except ImportError:
+        raise CLibraryError(
+            "cmake is needed to build the C library in a checkout; install it "
+            "(`pip install cmake` or your system's package) or reinstall with `pip install .`"
+        ) from None
+
+
+def build_in_checkout(build_dir: Path | None = None, *extra_cmake_args: str) -> Path:
+    """Configure and build the C library with CMake; returns the library path."""
+    root = sources.sources_root()
+    build_dir = build_dir or checkout_build_dir()
+    cmake = _cmake()
+    commands = [
+        [cmake, "-S", str(root), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *extra_cmake_args],
+        [cmake, "--build", str(build_dir), "--parallel"],
+    ]
+    for command in commands:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CLibraryError(
+                f"building the C library failed: {' '.join(command)}\n{done.stdout[-4000:]}{done.stderr[-4000:]}"
+            )
+    library = build_dir / _library_filename()
+    if not library.is_file():
+        raise CLibraryError(f"CMake finished but {library} is missing")
+    library.touch()  # a no-op rebuild must still make the library newer than its sources
+    return library
+
+
+def library_path() -> Path:
+    """The library to load, building it first when running from a stale checkout."""
+    override = os.environ.get("MATMUL_C_LIBRARY")
+    if override:
+        return Path(override)
+    if sources.in_checkout():
+        library = checkout_build_dir() / _library_filename()
+        with _build_lock, _interprocess_lock(checkout_build_dir()):
+            if _is_stale(library, sources.sources_root()):
+                build_in_checkout()
+        return library
+    installed = sources.PACKAGE_DIR / "_lib" / _library_filename()
+    if not installed.is_file():
+        raise CLibraryError(f"the installed C library {installed} is missing; reinstall with `pip install .`")
+    return installed
+
+
+def cdef_text() -> str:
+    """The declarations of c/matmul.h, stripped of preprocessor lines for cffi."""
+    header = sources.source_path("c/matmul.h").read_text()
+    header = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
+    return "\n".join(line for line in header.splitlines() if not line.lstrip().startswith("#"))
+
+
+@lru_cache(maxsize=None)
+def _load(path: str):
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_text())
+    try:
+        lib = ffi.dlopen(path)
+    except OSError as error:
+        raise CLibraryError(f"cannot load the C library {path}: {error}") from error
+    return ffi, lib
+
+
+def load():
+    """(ffi, lib). The library is checked for staleness (and rebuilt) on every call, but a
+    process keeps the copy it loaded first: the dynamic loader will not load a path twice."""
+    return _load(str(library_path()))

@@ -1,0 +1,306 @@
+"""``harness.compare``: check and time implementations side by side.
+
+For every (shape, dtype, implementation): refuse what the implementation cannot take (the
+row says why), prepare the inputs (not timed), run once and check the product against the
+float64 reference, and only then time it. A product that fails its check is never timed.
+Emulated and interpreted runs (CPU stand-ins for GPU code) are checked but not timed.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from . import machine
+from .checking import check, reference
+from .core import Matmul, MatmulInputError, check_problem
+from .inputs import Shape, dtype_name, make_inputs, parse_shape
+from .registry import REGISTRY, implementations
+from .timing import time_cpu
+
+
+@dataclass
+class Row:
+    implementation: str
+    language: str
+    device: str
+    shape: str            # MxNxK
+    dtype: str
+    status: str           # "ok", "FAILED: ...", "skipped: ...", "unavailable: ...", "error: ..."
+    mode: str = "native"  # native, emulated, interpreted
+    median_s: float | None = None
+    min_s: float | None = None
+    spread: float | None = None
+    repeats: int | None = None
+    gflops: float | None = None
+    gbytes_per_s: float | None = None  # (M*K + K*N + M*N) * itemsize / time: the least traffic
+    peak_pct: float | None = None
+    speedup: float | None = None  # baseline time / this time, same shape, dtype and device
+    max_abs_error: float | None = None
+    threads: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def timed(self) -> bool:
+        return self.median_s is not None
+
+
+@dataclass
+class Results:
+    rows: list[Row]
+    machine: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row(self, implementation: str, shape, dtype: str = "float32") -> Row:
+        shape = str(parse_shape(shape))
+        for row in self.rows:
+            if row.implementation == implementation and row.shape == shape and row.dtype == dtype_name(dtype):
+                return row
+        raise KeyError(f"no result for {implementation} at {shape} {dtype}")
+
+    # --- output -----------------------------------------------------------------------
+    def table(self):
+        from rich.table import Table
+
+        table = Table(title="matmul comparison (shape MxNxK: C is MxN, K is the inner dimension)", title_justify="left")
+        for header, justify in [
+            ("implementation", "left"), ("lang", "left"), ("device", "left"), ("shape", "right"), ("dtype", "left"),
+            ("median", "right"), ("spread", "right"), ("GFLOP/s", "right"), ("% peak", "right"),
+            ("vs base", "right"), ("max err", "right"), ("status", "left"),
+        ]:
+            table.add_column(header, justify=justify)
+        for row in self.rows:
+            status_style = "green" if row.passed else ("red" if row.status.startswith(("FAILED", "error")) else "yellow")
+            table.add_row(
+                row.implementation, row.language, row.device, row.shape, row.dtype,
+                _format_time(row.median_s), _fmt(row.spread, "±{:.0%}"), _fmt(row.gflops, "{:.2f}" if (row.gflops or 0) < 10 else "{:.1f}"),
+                _fmt(row.peak_pct, "{:.1f}%"), _fmt(row.speedup, "{:.3g}x"), _fmt(row.max_abs_error, "{:.1e}"),
+                f"[{status_style}]{row.status if row.mode == 'native' else row.status + f' ({row.mode}, not timed)'}[/]",
+            )
+        return table
+
+    def __str__(self) -> str:
+        from rich.console import Console
+
+        console = Console(file=io.StringIO(), width=200, color_system=None)
+        console.print(self.table())
+        return console.file.getvalue()
+
+    def to_dict(self) -> dict:
+        return {"machine": self.machine, "settings": self.settings, "results": [asdict(r) for r in self.rows]}
+
+    def to_json(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        return path
+
+    def to_csv(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        names = list(Row.__dataclass_fields__)
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=names)
+            writer.writeheader()
+            for row in self.rows:
+                writer.writerow(asdict(row))
+        return path
+
+    def plot(self, path, title: str | None = None) -> Path:
+        """GFLOP/s against problem size, one line per implementation and dtype."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        series: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
+        for row in self.rows:
+            if row.gflops is None:
+                continue
+            shape = parse_shape(row.shape)
+            size = (shape.m * shape.n * shape.k) ** (1 / 3)  # geometric mean edge: one x axis for any shape
+            series.setdefault((row.implementation, row.dtype), []).append((size, row.gflops, row.shape))
+        several_dtypes = len({dtype for _, dtype in series}) > 1
+        for (name, dtype), points in series.items():
+            points.sort()
+            label = f"{name} ({dtype})" if several_dtypes else name
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("problem size (cube root of M*N*K)")
+        ax.set_ylabel("GFLOP/s (2*M*N*K / median time)")
+        cpu = self.machine.get("cpu_model", "")
+        threads = self.settings.get("threads")
+        ax.set_title(title or f"matmul GFLOP/s - {cpu}" + (f", {threads} thread(s)" if threads else ""), fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if series:
+            ax.legend(fontsize=8, loc="best")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+
+def _fmt(value, pattern: str) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
+
+
+def _format_time(seconds) -> str:
+    if seconds is None:
+        return ""
+    for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= factor:
+            return f"{seconds / factor:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def _blas_limits(threads: int | None):
+    """Pin the BLAS (and OpenMP) thread pools for the timed region."""
+    if threads is None:
+        return nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=threads)
+
+
+def _with_baselines(chosen: list, include_baselines: bool) -> list:
+    if not include_baselines:
+        return chosen
+    devices = {impl.device for impl in chosen}
+    extra = [impl for impl in REGISTRY.values() if impl.baseline and impl.device in devices and impl not in chosen]
+    return chosen + extra
+
+
+def compare(
+    shapes: Iterable = (256,),
+    impls: Sequence[str] | str | None = None,
+    dtypes: Sequence[str] | str = ("float32",),
+    *,
+    threads: int | None = 1,
+    min_time: float = 0.2,
+    seed: int = 0,
+    allow_slow: bool | None = None,
+    baselines: bool = True,
+    progress: bool = False,
+    options: dict | None = None,
+) -> Results:
+    """Check and time ``impls`` (names or glob patterns) on every shape and dtype.
+
+    ``threads`` pins the BLAS thread pool and is passed to implementations that take a thread
+    count (None leaves both at their defaults). The library baseline of each device is added
+    unless ``baselines=False``. ``options`` maps an implementation name to keyword options
+    (``{"c.blocked": {"tile": 32}}``).
+    """
+    shapes = [parse_shape(s) for s in ([shapes] if isinstance(shapes, (str, int)) else shapes)]
+    dtypes = [dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
+    patterns = [impls] if isinstance(impls, str) else list(impls or [])
+    chosen = _with_baselines(implementations(*patterns), baselines)
+    options = options or {}
+
+    tasks = [(shape, dtype, impl) for shape in shapes for dtype in dtypes for impl in chosen]
+    rows: list[Row] = []
+    bar = _progress_bar(len(tasks)) if progress else None
+    with (bar or nullcontext()):
+        task_id = bar.add_task("comparing", total=len(tasks)) if bar else None
+        references: dict[tuple[Shape, str], tuple] = {}
+        for shape, dtype, impl in tasks:
+            if bar:
+                bar.update(task_id, description=f"{impl.name} {shape} {dtype}")
+            if (shape, dtype) not in references:
+                a, b = make_inputs(shape, dtype, seed)
+                references[(shape, dtype)] = (a, b, reference(a, b))
+            a, b, ref = references[(shape, dtype)]
+            rows.append(_measure(impl, shape, dtype, a, b, ref, threads, min_time, allow_slow, options.get(impl.name, {})))
+            if bar:
+                bar.advance(task_id)
+    _fill_speedups(rows)
+    settings = {"threads": threads, "min_time_s": min_time, "seed": seed, "shape_order": "MxNxK"}
+    return Results(rows, machine.machine_info(), settings)
+
+
+def _measure(impl, shape, dtype, a, b, ref, threads, min_time, allow_slow, impl_options) -> Row:
+    row = Row(impl.name, impl.language, impl.device, str(shape), dtype, status="ok")
+    try:
+        check_problem(impl, shape, dtype, allow_slow)
+    except MatmulInputError as error:
+        row.status = f"skipped: {error}"
+        return row
+    reason = impl.unavailable_reason()
+    if reason:
+        row.status = f"unavailable: {reason}"
+        return row
+    run_options = dict(impl_options)
+    if impl.threaded and threads is not None:
+        run_options.setdefault("threads", threads)
+        row.threads = run_options["threads"]
+    elif impl.device == "cpu":
+        row.threads = threads if impl.baseline else 1
+    try:
+        matmul = Matmul(impl, allow_slow=allow_slow, **run_options)
+        with _blas_limits(threads):
+            prepared = matmul.prepare(a, b)
+            row.mode = prepared.mode
+            prepared.run()
+            outcome = check(prepared.result(), a, b, ref)
+            row.max_abs_error = outcome.max_abs_error
+            if not outcome.passed:
+                row.status = f"FAILED: {outcome.message}"
+                return row
+            if prepared.mode != "native":
+                return row
+            # GPU adapters time themselves (CUDA events, L2 flushed); the rest use perf_counter.
+            own_timer = getattr(prepared, "time", None)
+            timing = own_timer(min_time) if own_timer else time_cpu(prepared.run, min_time=min_time)
+    except Exception as error:  # one broken implementation must not end the comparison
+        row.status = f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        return row
+    row.median_s, row.min_s, row.spread, row.repeats = timing.median_s, timing.min_s, timing.spread, timing.repeats
+    if timing.median_s <= 0:
+        return row
+    row.gflops = shape.flops / timing.median_s / 1e9
+    # The least traffic any implementation needs: read A and B once, write C once.
+    itemsize = a.dtype.itemsize
+    row.gbytes_per_s = (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n) * itemsize / timing.median_s / 1e9
+    if impl.device == "cpu":
+        peak = machine.cpu_peak_gflops(dtype, cores=row.threads or 1)
+    else:
+        peak_of = getattr(impl.backend, "peak_gflops", None)
+        peak = peak_of(impl, dtype) if peak_of else None
+    row.peak_pct = 100.0 * row.gflops / peak if peak else None
+    return row
+
+
+def _fill_speedups(rows: list[Row]) -> None:
+    baseline_names = {impl.name for impl in REGISTRY.values() if impl.baseline}
+    base = {(r.device, r.shape, r.dtype): r.median_s for r in rows if r.implementation in baseline_names and r.timed}
+    for row in rows:
+        base_time = base.get((row.device, row.shape, row.dtype))
+        if row.timed and base_time:
+            row.speedup = base_time / row.median_s
+
+
+def _progress_bar(total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.console import Console
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    )

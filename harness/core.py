@@ -1,0 +1,180 @@
+"""What an implementation is, and the one call path every implementation goes through.
+
+An ``Implementation`` is metadata, stated once (name, language, device, operation, dtypes,
+shape limits, requirements, source, summary), plus a ``backend``: the adapter for its
+language, which knows how to load the source, convert inputs and launch.
+
+Every call is split in two so that one timer and one checker serve every language:
+
+    prepared = backend.prepare(impl, a, b, options)   # conversion, packing, copies: not timed
+    prepared.run()                                    # the multiplication: timed; GPU work is
+                                                      # synchronised before it returns
+    prepared.result()                                 # the product as a NumPy array
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
+
+import numpy as np
+
+from .inputs import Shape, dtype_name
+
+ALLOW_SLOW_ENV = "MATMUL_ALLOW_SLOW"
+
+
+class MatmulInputError(ValueError):
+    """Inputs an implementation cannot take: wrong ndim, shapes, dtype, or size."""
+
+
+class UnavailableError(RuntimeError):
+    """The implementation cannot run on this machine (no GPU, a package missing, ...)."""
+
+
+class Prepared(Protocol):
+    mode: str  # "native", or "emulated"/"interpreted" for CPU stand-ins that are never timed
+
+    def run(self) -> None: ...
+
+    def result(self) -> np.ndarray: ...
+
+
+class Backend(Protocol):
+    def unavailable_reason(self, impl: "Implementation") -> str | None:
+        """None when the implementation can run here, else why not."""
+
+    def prepare(self, impl: "Implementation", a: np.ndarray, b: np.ndarray, options: Mapping[str, Any]) -> Prepared:
+        """Convert and stage the (validated, C-contiguous) inputs; nothing timed happens here."""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str                      # "<language>.<technique>", e.g. "c.blocked"
+    language: str                  # python, c, numpy, cuda, triton, torch
+    device: str                    # cpu or gpu
+    dtypes: tuple[str, ...]        # the input dtypes it accepts
+    summary: str                   # one line, for tables
+    backend: Backend = field(repr=False, compare=False)
+    source: str | None = None      # relative to the repository root
+    operation: str = "gemm"        # gemm, or gemv (M = 1 only)
+    max_flops: float | None = None  # bigger problems are refused unless allow_slow
+    slow_rate: float | None = None  # FLOP/s, to say how long a refused problem would take
+    multiple_of: int = 1           # M, N and K must be multiples of this
+    requires: tuple[str, ...] = ()  # what it needs to run: "gpu", "pycuda", "triton", ...
+    options: Mapping[str, Any] = field(default_factory=dict)  # default keyword options
+    baseline: bool = False         # the library baseline for its device
+    threaded: bool = False         # accepts a `threads` option
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            return self.backend.unavailable_reason(self)
+        except Exception as error:  # a probe that fails is a reason, not a crash
+            return f"{type(error).__name__}: {error}"
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable_reason() is None
+
+
+def slow_allowed(allow_slow: bool | None) -> bool:
+    if allow_slow is not None:
+        return allow_slow
+    return os.environ.get(ALLOW_SLOW_ENV, "") not in ("", "0", "false", "no")
+
+
+def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | None = None) -> None:
+    """Refuse, with a message that names what is wrong, a problem ``impl`` cannot take."""
+    name = dtype_name(dtype)
+    if name not in impl.dtypes:
+        raise MatmulInputError(f"{impl.name} does not support dtype {name} (it supports {', '.join(impl.dtypes)})")
+    if impl.operation == "gemv" and shape.m != 1:
+        raise MatmulInputError(f"{impl.name} is a GEMV: it needs M = 1 (A of shape (1, K)), got A with M = {shape.m}")
+    if impl.multiple_of > 1 and any(d % impl.multiple_of for d in shape):
+        raise MatmulInputError(
+            f"{impl.name} needs M, N and K to be multiples of {impl.multiple_of}, got {shape} (MxNxK)"
+        )
+    if impl.max_flops is not None and shape.flops > impl.max_flops and not slow_allowed(allow_slow):
+        estimate = ""
+        if impl.slow_rate:
+            seconds = shape.flops / impl.slow_rate
+            estimate = f" (about {seconds / 3600:.1f} hours)" if seconds > 3600 else f" (about {seconds / 60:.0f} minutes)"
+        raise MatmulInputError(
+            f"{impl.name} would take too long at {shape} (MxNxK){estimate}: the limit is "
+            f"{impl.max_flops:.2g} FLOPs. Pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run it anyway"
+        )
+
+
+def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Check a and b for ``impl``; return C-contiguous arrays (copies where needed).
+
+    The caller's arrays are never modified: a non-contiguous or Fortran-ordered input is
+    copied into C order, never reinterpreted.
+    """
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        raise MatmulInputError(f"{impl.name} expects NumPy arrays, got {type(a).__name__} and {type(b).__name__}")
+    if a.ndim != 2 or b.ndim != 2:
+        raise MatmulInputError(
+            f"{impl.name} expects two 2-D arrays, A [M, K] and B [K, N]; got {a.ndim}-D A {a.shape} and {b.ndim}-D B {b.shape}"
+        )
+    if a.shape[1] != b.shape[0]:
+        raise MatmulInputError(
+            f"inner dimensions do not match: A is {a.shape} and B is {b.shape}; "
+            f"A's columns ({a.shape[1]}) must equal B's rows ({b.shape[0]})"
+        )
+    if a.dtype != b.dtype:
+        raise MatmulInputError(f"A and B must have the same dtype, got {dtype_name(a.dtype)} and {dtype_name(b.dtype)}")
+    check_problem(impl, Shape(a.shape[0], b.shape[1], a.shape[1]), a.dtype, allow_slow)
+    return np.ascontiguousarray(a), np.ascontiguousarray(b)
+
+
+@dataclass
+class EmptyProduct:
+    product: np.ndarray
+    mode: str = "native"
+
+    def run(self) -> None:
+        pass
+
+    def result(self) -> np.ndarray:
+        return self.product.copy()
+
+
+class Matmul:
+    """``harness.get(name)``: an implementation callable on two NumPy arrays.
+
+    ``Matmul(impl)(a, b)`` validates, prepares, runs and returns the product as a new array.
+    Keyword options (``tile=32``, ``threads=2``, ...) override the implementation's defaults.
+    """
+
+    def __init__(self, impl: Implementation, allow_slow: bool | None = None, **options):
+        self.impl = impl
+        self.allow_slow = allow_slow
+        unknown = set(options) - set(impl.options) - ({"threads"} if impl.threaded else set())
+        if unknown:
+            known = sorted(set(impl.options) | ({"threads"} if impl.threaded else set()))
+            raise TypeError(f"{impl.name} takes no option {', '.join(sorted(unknown))} (its options: {', '.join(known) or 'none'})")
+        self.options = {**impl.options, **options}
+
+    def __repr__(self) -> str:
+        return f"<matmul {self.impl.name}: {self.impl.summary}>"
+
+    @property
+    def name(self) -> str:
+        return self.impl.name
+
+    def prepare(self, a, b) -> Prepared:
+        a, b = validate_inputs(self.impl, a, b, self.allow_slow)
+        reason = self.impl.unavailable_reason()
+        if reason:
+            raise UnavailableError(f"{self.impl.name} is unavailable here: {reason}")
+        if 0 in a.shape or 0 in b.shape:
+            # Nothing to compute, and a GPU grid of zero blocks is an error: every
+            # implementation gives what NumPy gives (zeros when K = 0, else an empty array).
+            return EmptyProduct(np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype))
+        return self.impl.backend.prepare(self.impl, a, b, self.options)
+
+    def __call__(self, a, b) -> np.ndarray:
+        prepared = self.prepare(a, b)
+        prepared.run()
+        return prepared.result()

@@ -1,0 +1,116 @@
+"""What machine a result came from, and its peak FLOP rate where it can be worked out."""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from functools import lru_cache
+from importlib import metadata
+
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "neon", "asimd", "sve")
+PACKAGES = ("numpy", "cffi", "threadpoolctl", "torch", "triton", "pycuda", "ml_dtypes", "matplotlib")
+
+
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if ":" in line:
+                    key, value = (part.strip() for part in line.split(":", 1))
+                    info.setdefault(key, value)
+    except OSError:
+        pass
+    return info
+
+
+@lru_cache(maxsize=None)
+def cpu_model() -> str:
+    info = _cpuinfo()
+    return info.get("model name") or info.get("Hardware") or platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=None)
+def simd_flags() -> tuple[str, ...]:
+    info = _cpuinfo()
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    if platform.machine() in ("arm64", "aarch64"):
+        flags.add("neon")
+    return tuple(f for f in SIMD_FLAGS if f in flags)
+
+
+def blas_info() -> list[dict]:
+    """The BLAS libraries loaded, with the OpenBLAS kernel in use (its 'architecture')."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    keep = ("user_api", "internal_api", "version", "architecture", "num_threads", "threading_layer", "filepath")
+    return [{k: entry.get(k) for k in keep if k in entry} for entry in threadpool_info() if entry.get("user_api") == "blas"]
+
+
+def versions() -> dict[str, str]:
+    found = {"python": sys.version.split()[0]}
+    for package in PACKAGES:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+@lru_cache(maxsize=None)
+def measured_clock_ghz() -> float | None:
+    """The core clock measured by the C library (None if the library cannot be loaded)."""
+    try:
+        from . import clib
+
+        _, lib = clib.load()
+        return float(lib.matmul_measure_clock_ghz())
+    except Exception:
+        return None
+
+
+def simd_bits() -> int:
+    flags = simd_flags()
+    if "avx512f" in flags:
+        return 512
+    if "avx2" in flags or "avx" in flags:
+        return 256
+    return 128
+
+
+# Two FMA pipes per core is right for every x86-64 core since Haswell/Zen 2 and for the big
+# ARM cores; it is an assumption, stated in every peak figure's description.
+FMA_UNITS_PER_CORE = 2
+
+
+def cpu_peak_gflops(dtype: str, cores: int = 1) -> float | None:
+    """Peak FLOP rate of ``cores`` cores: clock x SIMD lanes x 2 (an FMA is two FLOPs) x FMA units."""
+    bytes_per_element = {"float32": 4, "float64": 8}.get(dtype)
+    clock = measured_clock_ghz()
+    if bytes_per_element is None or clock is None:
+        return None
+    lanes = simd_bits() // (8 * bytes_per_element)
+    return clock * lanes * 2 * FMA_UNITS_PER_CORE * cores
+
+
+def machine_info(measure_clock: bool = True) -> dict:
+    info = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "simd": list(simd_flags()),
+        "blas": blas_info(),
+        "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") if k in os.environ},
+        "versions": versions(),
+    }
+    if measure_clock:
+        clock = measured_clock_ghz()
+        info["cpu_clock_ghz_measured"] = round(clock, 3) if clock else None
+        info["cpu_peak_gflops_per_core"] = {
+            dtype: cpu_peak_gflops(dtype) for dtype in ("float32", "float64")
+        }
+        info["cpu_peak_basis"] = f"measured clock x {simd_bits()}-bit SIMD x FMA (2 FLOPs) x {FMA_UNITS_PER_CORE} FMA units"
+    return info

@@ -1,0 +1,48 @@
+"""Timing on the CPU: warm-up, adaptive repeats, median and spread.
+
+``perf_counter`` around each call of ``run``; the number of repeats grows until the timed
+calls add up to ``min_time`` seconds (at least ``min_repeats``, at most ``max_repeats``), so
+a 10-microsecond product and a 10-second one are both measured sensibly. The median is the
+reported time: it ignores the occasional run slowed by another process. The spread is the
+interquartile range relative to the median.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    min_s: float
+    max_s: float
+    spread: float      # (75th - 25th percentile) / median
+    repeats: int
+
+    def as_dict(self) -> dict:
+        return {
+            "median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s,
+            "spread": self.spread, "repeats": self.repeats,
+        }
+
+
+def time_cpu(run, min_time: float = 0.2, min_repeats: int = 3, max_repeats: int = 1000, warmup: int = 1) -> Timing:
+    for _ in range(warmup):
+        run()
+    samples: list[float] = []
+    total = 0.0
+    while len(samples) < min_repeats or (total < min_time and len(samples) < max_repeats):
+        start = time.perf_counter()
+        run()
+        elapsed = time.perf_counter() - start
+        samples.append(elapsed)
+        total += elapsed
+    median = statistics.median(samples)
+    if len(samples) >= 4:
+        quartiles = statistics.quantiles(samples, n=4)
+        spread = (quartiles[2] - quartiles[0]) / median if median > 0 else 0.0
+    else:
+        spread = (max(samples) - min(samples)) / median if median > 0 else 0.0
+    return Timing(median, min(samples), max(samples), spread, len(samples))
