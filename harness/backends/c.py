@@ -30,7 +30,9 @@ class _CPrepared:
         self.function = function
 
     def run(self) -> None:
-        self.function(*self.args)
+        status = self.function(*self.args)  # None for void kernels; nonzero int = failure
+        if status:
+            raise MemoryError(f"C kernel failed with status {status} (could not allocate its buffers)")
 
     def result(self) -> np.ndarray:
         return self.c.copy()
