@@ -1,0 +1,69 @@
+"""The pytest-benchmark suite: every implementation x shapes x dtypes, grouped by shape.
+
+    pytest --benchmark-only                                   # default shapes, float32
+    pytest --benchmark-only --matmul-shapes "256 1024x1024x512" --matmul-dtypes "float32 float64"
+    MATMUL_BENCH_SHAPES="2048" pytest --benchmark-only -k c.
+
+Plain `pytest` runs each case once, untimed, as a check. Pure Python only runs the small
+shapes unless you choose the shapes yourself (and even then not beyond its size limit).
+CPU stand-ins for GPU code (emulated CUDA, interpreted Triton) are never timed here.
+"""
+from __future__ import annotations
+
+import pytest
+from threadpoolctl import threadpool_limits
+
+import harness
+from harness.core import MatmulInputError, check_problem
+from harness.inputs import parse_shape
+
+from conftest import bench_dtypes, bench_shapes
+
+PURE_PYTHON_DEFAULT_MAX_FLOPS = 2 * 128**3
+
+
+def pytest_generate_tests(metafunc):
+    if "bench_case" not in metafunc.fixturenames:
+        return
+    shapes, chosen = bench_shapes(metafunc.config)
+    dtypes = bench_dtypes(metafunc.config)
+    cases = []
+    for shape_text in shapes:
+        shape = parse_shape(shape_text)
+        for dtype in dtypes:
+            for impl in harness.implementations():
+                if dtype not in impl.dtypes:
+                    continue
+                if impl.language == "python" and not chosen and shape.flops > PURE_PYTHON_DEFAULT_MAX_FLOPS:
+                    continue
+                cases.append(pytest.param((impl.name, shape, dtype), id=f"{impl.name}-{shape}-{dtype}"))
+    if not cases:
+        raise pytest.UsageError(f"no benchmark case matches shapes {shapes} and dtypes {dtypes}")
+    metafunc.parametrize("bench_case", cases)
+
+
+def test_matmul(benchmark, bench_case):
+    name, shape, dtype = bench_case
+    impl = harness.lookup(name)
+    try:
+        check_problem(impl, shape, dtype)
+    except MatmulInputError as error:
+        pytest.skip(str(error))
+    reason = impl.unavailable_reason()
+    if reason:
+        pytest.skip(f"{name} unavailable: {reason}")
+    a, b = harness.make_inputs(shape, dtype)
+    options = {"threads": 1} if impl.threaded else {}
+    prepared = harness.get(name, **options).prepare(a, b)
+    if prepared.mode != "native":
+        pytest.skip(f"{name} runs {prepared.mode} here: checked by the tests, never timed")
+
+    benchmark.group = f"{shape} {dtype}"
+    benchmark.extra_info.update(implementation=name, shape=str(shape), dtype=dtype, flops=shape.flops)
+    with threadpool_limits(limits=1):  # one BLAS thread, like the C kernels
+        benchmark(prepared.run)
+
+    outcome = harness.check(prepared.result(), a, b)
+    assert outcome.passed, f"{name} at {shape} {dtype}: {outcome.message}"
+    if benchmark.stats is not None and benchmark.stats.stats.median > 0:
+        benchmark.extra_info["gflops"] = shape.flops / benchmark.stats.stats.median / 1e9

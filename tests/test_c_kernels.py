@@ -1,0 +1,66 @@
+"""The C matmuls: random shapes, tile sizes, and calls from several threads at once."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import harness
+from harness.inputs import Shape
+
+C_KERNELS = ["c.naive_ijk", "c.naive_ikj", "c.blocked"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(C_KERNELS),
+    m=st.integers(1, 90), n=st.integers(1, 90), k=st.integers(1, 90),
+    dtype=st.sampled_from(["float32", "float64"]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_shapes(name, m, n, k, dtype, seed):
+    a, b = harness.make_inputs(Shape(m, n, k), dtype, seed)
+    outcome = harness.check(harness.get(name)(a, b), a, b)
+    assert outcome.passed, outcome.message
+
+
+@settings(max_examples=40, deadline=None)
+@given(tile=st.integers(1, 80), m=st.integers(1, 70), n=st.integers(1, 150), k=st.integers(1, 70),
+       dtype=st.sampled_from(["float32", "float64"]))
+def test_blocked_any_tile(tile, m, n, k, dtype):
+    a, b = harness.make_inputs(Shape(m, n, k), dtype)
+    outcome = harness.check(harness.get("c.blocked", tile=tile)(a, b), a, b)
+    assert outcome.passed, outcome.message
+
+
+def test_sizes_up_to_40_every_dimension():
+    for name in C_KERNELS:
+        for size in range(1, 41):
+            for shape in (Shape(size, 37, 29), Shape(23, size, 31), Shape(19, 41, size)):
+                a, b = harness.make_inputs(shape, "float32")
+                assert harness.check(harness.get(name)(a, b), a, b).passed, (name, shape)
+
+
+@pytest.mark.parametrize("name", C_KERNELS)
+def test_safe_from_several_threads_at_once(name):
+    # cffi releases the GIL around each call, so these really run concurrently.
+    shapes = [Shape(40 + 7 * i, 50 + 3 * i, 60 + 5 * i) for i in range(12)]
+    inputs = [harness.make_inputs(s, "float64", seed=i) for i, s in enumerate(shapes)]
+    matmul = harness.get(name)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda ab: matmul(*ab), inputs))
+    for (a, b), result in zip(inputs, results):
+        assert harness.check(result, a, b).passed
+
+
+def test_blocked_gives_the_same_bits_for_every_tile_that_keeps_the_sum_order():
+    # The p loop always runs in increasing order, so tile sizes only change which cache
+    # serves the operands, never the rounding.
+    a, b = harness.make_inputs(Shape(70, 90, 110), "float32")
+    first = harness.get("c.blocked", tile=16)(a, b)
+    for tile in (8, 32, 200):
+        np.testing.assert_array_equal(harness.get("c.blocked", tile=tile)(a, b), first)
+    np.testing.assert_array_equal(harness.get("c.naive_ikj")(a, b), first)

@@ -1,0 +1,95 @@
+"""Every implementation in the registry against the float64 reference, on the shapes that find bugs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import harness
+import harness.sources
+from harness.core import MatmulInputError, check_problem
+from harness.inputs import Shape
+
+EDGE_SIZES = [1, 2, 7, 15, 16, 17, 33, 63, 64, 65, 127, 128, 129]
+NON_SQUARE = [
+    Shape(1, 64, 33),     # M = 1: the GEMV shape
+    Shape(1, 130, 70),
+    Shape(33, 65, 1),     # K = 1: one outer product
+    Shape(17, 1, 63),     # N = 1
+    Shape(7, 129, 16),
+    Shape(65, 15, 127),
+    Shape(100, 130, 70),
+    Shape(16, 48, 32),    # multiples of 16, non-square (tensor-core kernels)
+]
+EDGE_SHAPES = [Shape(s, s, s) for s in EDGE_SIZES] + NON_SQUARE
+# CPU stand-ins for GPU code (the CUDA emulator, the Triton interpreter) are slow: they get
+# the small edge shapes; their own test files cover more.
+STAND_IN_MAX_FLOPS = 2 * 65**3
+
+
+def _runs_natively(impl) -> bool:
+    return impl.device == "cpu"
+
+
+def _cases():
+    for impl in harness.implementations():
+        for dtype in impl.dtypes:
+            for shape in EDGE_SHAPES:
+                if not _runs_natively(impl) and shape.flops > STAND_IN_MAX_FLOPS:
+                    continue
+                yield pytest.param(impl.name, shape, dtype, id=f"{impl.name}-{shape}-{dtype}")
+
+
+@pytest.mark.parametrize("name, shape, dtype", list(_cases()))
+def test_matches_reference(name, shape, dtype):
+    impl = harness.lookup(name)
+    reason = impl.unavailable_reason()
+    if reason:
+        pytest.skip(f"{name} unavailable: {reason}")
+    try:
+        check_problem(impl, shape, dtype)
+    except MatmulInputError as error:
+        pytest.skip(str(error))
+    a, b = harness.make_inputs(shape, dtype, seed=1)
+    a_before, b_before = a.copy(), b.copy()
+    result = harness.get(name)(a, b)
+    assert result.shape == (shape.m, shape.n)
+    assert result.dtype == a.dtype
+    outcome = harness.check(result, a, b)
+    assert outcome.passed, f"{name} at {shape} {dtype}: {outcome.message}"
+    np.testing.assert_array_equal(a, a_before)  # inputs are never modified
+    np.testing.assert_array_equal(b, b_before)
+
+
+def test_registry_metadata_is_complete():
+    names = [impl.name for impl in harness.implementations()]
+    assert len(names) == len(set(names))
+    for impl in harness.implementations():
+        assert impl.name.startswith(impl.language + ".") or impl.baseline, impl.name
+        assert impl.device in ("cpu", "gpu")
+        assert impl.operation in ("gemm", "gemv")
+        assert impl.dtypes and impl.summary
+        if impl.source:
+            assert harness.sources.source_path(impl.source).is_file(), impl.source
+
+
+def test_check_rejects_a_wrong_result():
+    a, b = harness.make_inputs(Shape(8, 9, 10))
+    wrong = harness.reference(a, b).astype(np.float32)
+    wrong[3, 4] += 1e-2
+    assert not harness.check(wrong, a, b).passed
+
+
+def test_check_rejects_nan_where_reference_has_none():
+    a, b = harness.make_inputs(Shape(4, 4, 4))
+    bad = harness.reference(a, b).astype(np.float32)
+    bad[0, 0] = np.nan
+    outcome = harness.check(bad, a, b)
+    assert not outcome.passed and "NaN" in outcome.message
+
+
+def test_tolerance_grows_with_k_and_precision():
+    atol_small, _ = harness.tolerance("float32", 16)
+    atol_large, _ = harness.tolerance("float32", 4096)
+    assert atol_large > atol_small
+    assert harness.tolerance("float64", 64)[0] < harness.tolerance("float32", 64)[0]
+    assert harness.tolerance("bfloat16", 64)[1] > harness.tolerance("float16", 64)[1]
