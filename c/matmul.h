@@ -23,6 +23,20 @@ void matmul_naive_ikj_f64(const double *A, const double *B, double *C, int64_t M
 int matmul_blocked_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K, int64_t tile);
 int matmul_blocked_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K, int64_t tile);
 
+/* packed.c: the Goto/BLIS packed SIMD matmul. threads <= 0 uses every online core; variant
+ * 0 = auto (the best this CPU supports), 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512. Returns 0
+ * on success, 1 for a variant this CPU or build cannot run, 2 if the pack buffers cannot be
+ * allocated, 3 for a negative dimension. The result is the same for every thread count. */
+int matmul_packed_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K, int64_t threads, int64_t variant);
+int matmul_packed_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K, int64_t threads, int64_t variant);
+/* 1 if this CPU and build can run the variant, else 0. */
+int matmul_packed_variant_supported(int64_t variant);
+/* The variant that `variant` runs as (auto resolved), or -1 if it cannot run here. */
+int64_t matmul_packed_resolve_variant(int64_t variant);
+/* Fills sizes[0..7] with MR, NR, KC, MC, NC and the L1, L2, L3 sizes (bytes) they were derived
+ * from, for a variant and an element size (4 or 8). Returns as matmul_packed_f32 does. */
+int matmul_packed_blocking(int64_t variant, int64_t elem_size, int64_t *sizes);
+
 /* cpu_clock.c: the core's clock in GHz, measured with a chain of dependent adds. */
 double matmul_measure_clock_ghz(void);
 

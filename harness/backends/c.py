@@ -5,10 +5,12 @@ Python threads at once; that is safe because none of them keeps static state.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .. import clib
-from ..core import Implementation
+from ..core import Implementation, UnavailableError
 
 _SUFFIX = {"float32": ("f32", "float"), "float64": ("f64", "double")}
 
@@ -69,6 +71,89 @@ class CBackend:
         return _CPrepared(function, ffi, a, b, self.extra_args(impl, options))
 
 
+# c.packed's micro-kernels, by the numbers c/matmul.h gives them.
+PACKED_VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+_PACKED_ERRORS = {
+    1: "the micro-kernel variant cannot run on this CPU or build",
+    2: "the pack buffers could not be allocated (out of memory)",
+    3: "a dimension is negative",
+}
+
+
+def default_threads() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def packed_variants() -> list[str]:
+    """The micro-kernel variants of c.packed this CPU can run, best last ("portable" always)."""
+    _, lib = clib.load()
+    return [name for name, number in PACKED_VARIANTS.items() if name != "auto" and lib.matmul_packed_variant_supported(number)]
+
+
+def packed_variant(variant: str = "auto") -> str:
+    """The variant ``variant`` runs as here ("auto" resolved); a clear error if it cannot run."""
+    _, lib = clib.load()
+    number = lib.matmul_packed_resolve_variant(_packed_variant_number(variant))
+    if number < 0:
+        raise UnavailableError(
+            f"c.packed: variant {variant!r} cannot run on this CPU (it supports: {', '.join(packed_variants())}); "
+            f"choose one of those or variant='auto'"
+        )
+    return next(name for name, n in PACKED_VARIANTS.items() if n == number)
+
+
+def packed_blocking(variant: str = "auto", dtype: str = "float32") -> dict:
+    """The register tile and cache blocks c.packed uses here: MR, NR, KC, MC, NC, and the
+    cache sizes (bytes) they were derived from."""
+    ffi, lib = clib.load()
+    sizes = ffi.new("int64_t[8]")
+    code = lib.matmul_packed_blocking(_packed_variant_number(variant), np.dtype(dtype).itemsize, sizes)
+    if code:
+        packed_variant(variant)  # raises the clear error for an unsupported variant
+        raise ValueError(f"c.packed: no blocking for dtype {dtype}")
+    return dict(zip(("MR", "NR", "KC", "MC", "NC", "L1", "L2", "L3"), (int(v) for v in sizes)))
+
+
+def _packed_variant_number(variant) -> int:
+    if variant not in PACKED_VARIANTS:
+        raise ValueError(f"c.packed: unknown variant {variant!r}; choose one of {', '.join(PACKED_VARIANTS)}")
+    return PACKED_VARIANTS[variant]
+
+
+class _PackedPrepared(_CPrepared):
+    def run(self) -> None:
+        code = self.function(*self.args)
+        if code:
+            raise RuntimeError(f"c.packed failed (code {code}): {_PACKED_ERRORS.get(code, 'unknown error')}")
+
+
+class PackedBackend(CBackend):
+    """c.packed: ``matmul_packed_<f32|f64>(A, B, C, M, N, K, threads, variant)``, which returns
+    an error code; the options are checked here so that C is only called with ones it takes."""
+
+    def __init__(self):
+        super().__init__("packed")
+
+    def extra_args(self, impl, options):
+        threads = options.get("threads")
+        if threads is None:
+            threads = default_threads()
+        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+            raise ValueError(f"{impl.name}: threads must be an integer >= 1 (or None for every core), got {threads!r}")
+        variant = options.get("variant", "auto")
+        packed_variant(variant)  # an unsupported variant fails here, before any C runs
+        return [int(threads), PACKED_VARIANTS[variant]]
+
+    def prepare(self, impl, a, b, options):
+        ffi, lib = clib.load()
+        function = getattr(lib, f"matmul_packed_{_SUFFIX[a.dtype.name][0]}")
+        return _PackedPrepared(function, ffi, a, b, self.extra_args(impl, options))
+
+
 IMPLEMENTATIONS = [
     Implementation(
         "c.naive_ijk", "c", "cpu", ("float32", "float64"),
@@ -84,5 +169,10 @@ IMPLEMENTATIONS = [
         "c.blocked", "c", "cpu", ("float32", "float64"),
         "ikj run tile by tile so a tile of B is reused from cache",
         CBackend("blocked", ("tile",)), source="c/blocked.c", options={"tile": 64},
+    ),
+    Implementation(
+        "c.packed", "c", "cpu", ("float32", "float64"),
+        "Goto/BLIS: packed panels, cache blocks from the cache sizes, SIMD register-tile micro-kernel, threads",
+        PackedBackend(), source="c/packed.c", options={"threads": None, "variant": "auto"}, threaded=True,
     ),
 ]

@@ -1,0 +1,157 @@
+/* AVX2 + FMA micro-kernels of the packed matmul (x86-64 since Haswell / Zen).
+ *
+ * Technique: an MR x NR tile of C lives in vector registers for the whole K loop. Each step p
+ * loads one packed row of B (NR values, NR/W vectors of W lanes), broadcasts each of the MR
+ * values of A's packed column in turn, and issues MR * NR/W fused multiply-adds. Nothing but
+ * the two packed panels is read inside the loop, and C is touched once, at the end.
+ *
+ * Tile shape, float32 6 x 16 (float64 6 x 8): 6 x 2 = 12 accumulators + 2 B vectors + 1
+ * broadcast = 15 of the 16 ymm registers. 12 independent FMA chains cover the 2 FMA pipes x
+ * 4-5 cycles of FMA latency (at least 8-10 in flight), and each step's 2 loads + 6
+ * broadcasts stay under the 2-3 loads per cycle the cores can issue: the loop is bound by
+ * FMA throughput, not by loads. (8 x 8 would need 8 broadcasts per 8 FMAs; 4 x 24 leaves
+ * too few chains to hide latency on some cores.)
+ *
+ * Compiled with __attribute__((target("avx2,fma"))) on these functions only, so the rest of
+ * the library keeps the build's baseline ISA; packed.c calls them only when cpuid says the
+ * CPU has AVX2 and FMA (and the OS saves the ymm state).
+ */
+#include "packed.h"
+
+#if PACKED_HAVE_X86
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+enum { MR_S = 6, NV_S = 2, NR_S = NV_S * 8 };  /* float32: 6 x 16 */
+enum { MR_D = 6, NV_D = 2, NR_D = NV_D * 4 };  /* float64: 6 x 8 */
+
+AVX2 static void kernel_f32(int64_t kc, const void *Ap_, const void *Bp_, void *C_, int64_t ldc,
+                            int64_t m, int64_t n, int accumulate) {
+    const float *restrict a = (const float *)Ap_;
+    const float *restrict b = (const float *)Bp_;
+    float *C = (float *)C_;
+    /* The C tile is touched only after the K loop, but its rows are ldc apart, in lines
+     * that are likely out of L1 and L2 by now: start fetching them so the write-back does not
+     * wait on memory. A row is at most 64 bytes, so at most two lines: its first and its last
+     * element inside C. */
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_S; ++i)
+        if (i < m) {
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
+        }
+    __m256 c[MR_S][NV_S];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_S; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV_S; ++v) c[i][v] = _mm256_setzero_ps();
+
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kc; ++p) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR_S; ++i) {
+            __m256 ai = _mm256_broadcast_ss(a + i);
+            c[i][0] = _mm256_fmadd_ps(ai, b0, c[i][0]);
+            c[i][1] = _mm256_fmadd_ps(ai, b1, c[i][1]);
+        }
+        a += MR_S;
+        b += NR_S;
+    }
+
+    if (m == MR_S && n == NR_S) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR_S; ++i) {
+            float *row = C + i * ldc;
+#pragma GCC unroll 4
+            for (int v = 0; v < NV_S; ++v) {
+                __m256 value = c[i][v];
+                if (accumulate) value = _mm256_add_ps(_mm256_loadu_ps(row + 8 * v), value);
+                _mm256_storeu_ps(row + 8 * v, value);
+            }
+        }
+        return;
+    }
+    /* Edge tile: spill the registers to the stack and copy only the part inside C, so no
+     * byte outside the matrix is read or written. (Every loop over the accumulators is fully
+     * unrolled: one indexed by a run-time value would force the array into memory.) */
+    float tile[MR_S][NR_S] __attribute__((aligned(32)));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_S; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV_S; ++v) _mm256_store_ps(&tile[i][8 * v], c[i][v]);
+    for (int64_t i = 0; i < m; ++i) {
+        float *row = C + i * ldc;
+        if (accumulate)
+            for (int64_t j = 0; j < n; ++j) row[j] += tile[i][j];
+        else
+            for (int64_t j = 0; j < n; ++j) row[j] = tile[i][j];
+    }
+}
+
+AVX2 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void *C_, int64_t ldc,
+                            int64_t m, int64_t n, int accumulate) {
+    const double *restrict a = (const double *)Ap_;
+    const double *restrict b = (const double *)Bp_;
+    double *C = (double *)C_;
+    /* The C tile is touched only after the K loop, but its rows are ldc apart, in lines
+     * that are likely out of L1 and L2 by now: start fetching them so the write-back does not
+     * wait on memory. A row is at most 64 bytes, so at most two lines: its first and its last
+     * element inside C. */
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_D; ++i)
+        if (i < m) {
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
+        }
+    __m256d c[MR_D][NV_D];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_D; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV_D; ++v) c[i][v] = _mm256_setzero_pd();
+
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kc; ++p) {
+        __m256d b0 = _mm256_load_pd(b), b1 = _mm256_load_pd(b + 4);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR_D; ++i) {
+            __m256d ai = _mm256_broadcast_sd(a + i);
+            c[i][0] = _mm256_fmadd_pd(ai, b0, c[i][0]);
+            c[i][1] = _mm256_fmadd_pd(ai, b1, c[i][1]);
+        }
+        a += MR_D;
+        b += NR_D;
+    }
+
+    if (m == MR_D && n == NR_D) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR_D; ++i) {
+            double *row = C + i * ldc;
+#pragma GCC unroll 4
+            for (int v = 0; v < NV_D; ++v) {
+                __m256d value = c[i][v];
+                if (accumulate) value = _mm256_add_pd(_mm256_loadu_pd(row + 4 * v), value);
+                _mm256_storeu_pd(row + 4 * v, value);
+            }
+        }
+        return;
+    }
+    double tile[MR_D][NR_D] __attribute__((aligned(32)));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_D; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV_D; ++v) _mm256_store_pd(&tile[i][4 * v], c[i][v]);
+    for (int64_t i = 0; i < m; ++i) {
+        double *row = C + i * ldc;
+        if (accumulate)
+            for (int64_t j = 0; j < n; ++j) row[j] += tile[i][j];
+        else
+            for (int64_t j = 0; j < n; ++j) row[j] = tile[i][j];
+    }
+}
+
+const struct packed_kernel packed_avx2_f32 = {MR_S, NR_S, kernel_f32};
+const struct packed_kernel packed_avx2_f64 = {MR_D, NR_D, kernel_f64};
+
+#endif

@@ -1,0 +1,153 @@
+/* AVX-512 micro-kernels of the packed matmul (Skylake-X and later Intel, Zen 4 and later AMD).
+ *
+ * Technique: the AVX2 kernel's (packed_avx2.c) register tile, twice as wide and more than
+ * twice as tall, because AVX-512 doubles both the vector width (16 float32 / 8 float64 lanes)
+ * and the register count (32 zmm).
+ *
+ * Tile shape, float32 14 x 32 (float64 14 x 16): 14 x 2 = 28 accumulators + 2 B vectors + 1
+ * broadcast = 31 of the 32 registers. A taller tile means each B vector loaded from L1 feeds
+ * more FMAs (14 per load instead of 6), which matters because each zmm load moves 64 bytes;
+ * the broadcasts of A come straight from memory as FMA operands ({1toN} embedded broadcast).
+ *
+ * Compiled with __attribute__((target("avx512f"))) on these functions only; packed.c calls
+ * them only when cpuid says the CPU has AVX-512F and the OS saves the zmm state. On a CPU
+ * whose AVX-512 runs at half rate (two 256-bit halves, Zen 4) it still wins through the
+ * doubled register file.
+ */
+#include "packed.h"
+
+#if PACKED_HAVE_X86
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f")))
+
+enum { MR_S = 14, NV_S = 2, NR_S = NV_S * 16 };  /* float32: 14 x 32 */
+enum { MR_D = 14, NV_D = 2, NR_D = NV_D * 8 };   /* float64: 14 x 16 */
+
+AVX512 static void kernel_f32(int64_t kc, const void *Ap_, const void *Bp_, void *C_, int64_t ldc,
+                            int64_t m, int64_t n, int accumulate) {
+    const float *restrict a = (const float *)Ap_;
+    const float *restrict b = (const float *)Bp_;
+    float *C = (float *)C_;
+    /* Start fetching the C tile's rows (up to 128 bytes each: at most three lines; only
+     * the part inside C) now, so the write-back after the K loop does not wait on memory. */
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_S; ++i)
+        if (i < m) {
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + (n - 1) / 2), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
+        }
+    __m512 c[MR_S][NV_S];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_S; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV_S; ++v) c[i][v] = _mm512_setzero_ps();
+
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kc; ++p) {
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR_S; ++i) {
+            __m512 ai = _mm512_set1_ps(a[i]);
+            c[i][0] = _mm512_fmadd_ps(ai, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(ai, b1, c[i][1]);
+        }
+        a += MR_S;
+        b += NR_S;
+    }
+
+    if (m == MR_S && n == NR_S) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR_S; ++i) {
+            float *row = C + i * ldc;
+#pragma GCC unroll 4
+            for (int v = 0; v < NV_S; ++v) {
+                __m512 value = c[i][v];
+                if (accumulate) value = _mm512_add_ps(_mm512_loadu_ps(row + 16 * v), value);
+                _mm512_storeu_ps(row + 16 * v, value);
+            }
+        }
+        return;
+    }
+    /* Edge tile: spill the registers to the stack and copy only the part inside C, so no
+     * byte outside the matrix is read or written. (Every loop over the accumulators is fully
+     * unrolled: one indexed by a run-time value would force the array into memory.) */
+    float tile[MR_S][NR_S] __attribute__((aligned(64)));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_S; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV_S; ++v) _mm512_store_ps(&tile[i][16 * v], c[i][v]);
+    for (int64_t i = 0; i < m; ++i) {
+        float *row = C + i * ldc;
+        if (accumulate)
+            for (int64_t j = 0; j < n; ++j) row[j] += tile[i][j];
+        else
+            for (int64_t j = 0; j < n; ++j) row[j] = tile[i][j];
+    }
+}
+
+AVX512 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void *C_, int64_t ldc,
+                            int64_t m, int64_t n, int accumulate) {
+    const double *restrict a = (const double *)Ap_;
+    const double *restrict b = (const double *)Bp_;
+    double *C = (double *)C_;
+    /* Start fetching the C tile's rows (up to 128 bytes each: at most three lines; only
+     * the part inside C) now, so the write-back after the K loop does not wait on memory. */
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_D; ++i)
+        if (i < m) {
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + (n - 1) / 2), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
+        }
+    __m512d c[MR_D][NV_D];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_D; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV_D; ++v) c[i][v] = _mm512_setzero_pd();
+
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kc; ++p) {
+        __m512d b0 = _mm512_load_pd(b), b1 = _mm512_load_pd(b + 8);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR_D; ++i) {
+            __m512d ai = _mm512_set1_pd(a[i]);
+            c[i][0] = _mm512_fmadd_pd(ai, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_pd(ai, b1, c[i][1]);
+        }
+        a += MR_D;
+        b += NR_D;
+    }
+
+    if (m == MR_D && n == NR_D) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR_D; ++i) {
+            double *row = C + i * ldc;
+#pragma GCC unroll 4
+            for (int v = 0; v < NV_D; ++v) {
+                __m512d value = c[i][v];
+                if (accumulate) value = _mm512_add_pd(_mm512_loadu_pd(row + 8 * v), value);
+                _mm512_storeu_pd(row + 8 * v, value);
+            }
+        }
+        return;
+    }
+    double tile[MR_D][NR_D] __attribute__((aligned(64)));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR_D; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV_D; ++v) _mm512_store_pd(&tile[i][8 * v], c[i][v]);
+    for (int64_t i = 0; i < m; ++i) {
+        double *row = C + i * ldc;
+        if (accumulate)
+            for (int64_t j = 0; j < n; ++j) row[j] += tile[i][j];
+        else
+            for (int64_t j = 0; j < n; ++j) row[j] = tile[i][j];
+    }
+}
+
+const struct packed_kernel packed_avx512_f32 = {MR_S, NR_S, kernel_f32};
+const struct packed_kernel packed_avx512_f64 = {MR_D, NR_D, kernel_f64};
+
+#endif

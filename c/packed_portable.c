@@ -1,0 +1,47 @@
+/* Portable micro-kernel of the packed matmul: plain C, for any CPU (ARM, RISC-V, an x86-64
+ * without AVX2, or a build whose SIMD kernels are unusable).
+ *
+ * Technique: the same register-blocked MR x NR tile as the SIMD kernels, written as loops over
+ * a small local array with compile-time bounds. The compiler keeps the array in registers and
+ * vectorizes the j loop with whatever SIMD the build targets (SSE2 on a plain x86-64 build,
+ * NEON on arm64, AVX2 under -march=native), so it is far faster than the blocked kernel even
+ * without intrinsics, though slower than the hand-written ones: no control over register
+ * allocation or instruction choice.
+ *
+ * Tile size: 4 x 8 float32 (4 x 4 float64) is 8 accumulators of 128 bits, which fits the
+ * 16 registers of SSE2 with room for the B row and the broadcast A value; larger tiles spill
+ * there. NEON's 32 registers could take more, but this kernel aims at "correct and decent
+ * everywhere", not at the best on any one CPU.
+ *
+ * Caveat: with -ffp-contract=fast (GCC's default in GNU C mode) the compiler may fuse the
+ * multiply-add or not, so results can differ from the SIMD kernels in the last bit; they are
+ * still the same for every thread count, since every element runs the same code.
+ */
+#include <stddef.h>
+#include "packed.h"
+
+#define PORTABLE_KERNEL(T, SUFFIX, MR, NR)                                                    \
+    static void kernel_##SUFFIX(int64_t kc, const void *Ap_, const void *Bp_, void *C_,      \
+                                int64_t ldc, int64_t m, int64_t n, int accumulate) {          \
+        const T *restrict a = (const T *)Ap_;                                                 \
+        const T *restrict b = (const T *)Bp_;                                                 \
+        T *restrict C = (T *)C_;                                                              \
+        T c[MR][NR] = {{0}};                                                                  \
+        for (int64_t p = 0; p < kc; ++p) {                                                    \
+            for (int i = 0; i < MR; ++i)                                                      \
+                for (int j = 0; j < NR; ++j) c[i][j] += a[i] * b[j];                          \
+            a += MR;                                                                          \
+            b += NR;                                                                          \
+        }                                                                                     \
+        for (int64_t i = 0; i < m; ++i) {                                                     \
+            T *row = C + i * ldc;                                                             \
+            if (accumulate)                                                                   \
+                for (int64_t j = 0; j < n; ++j) row[j] += c[i][j];                            \
+            else                                                                              \
+                for (int64_t j = 0; j < n; ++j) row[j] = c[i][j];                             \
+        }                                                                                     \
+    }                                                                                         \
+    const struct packed_kernel packed_portable_##SUFFIX = {MR, NR, kernel_##SUFFIX};
+
+PORTABLE_KERNEL(float, f32, 4, 8)
+PORTABLE_KERNEL(double, f64, 4, 4)

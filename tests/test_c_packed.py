@@ -1,0 +1,142 @@
+"""c.packed (c/packed.c): every size 1..64 in each dimension, ragged shapes past every cache
+block, every micro-kernel variant this CPU has, the same bits for every thread count, and
+calls from several Python threads at once."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import harness
+from harness.backends import c as c_backend
+from harness.core import UnavailableError
+from harness.inputs import Shape
+
+IMPL = harness.lookup("c.packed")
+_reason = IMPL.unavailable_reason()
+pytestmark = pytest.mark.skipif(_reason is not None, reason=f"c.packed unavailable: {_reason}")
+
+DTYPES = ["float32", "float64"]
+
+
+def _variants() -> list[str]:
+    return c_backend.packed_variants() if _reason is None else ["portable"]
+
+
+def _check(shape, dtype, seed=0, **options):
+    a, b = harness.make_inputs(shape, dtype, seed)
+    a_before, b_before = a.copy(), b.copy()
+    result = harness.get("c.packed", **options)(a, b)
+    outcome = harness.check(result, a, b)
+    assert outcome.passed, f"c.packed {options} at {shape} {dtype}: {outcome.message}"
+    np.testing.assert_array_equal(a, a_before)  # inputs are never modified
+    np.testing.assert_array_equal(b, b_before)
+    return result
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", _variants())
+def test_every_size_up_to_64_in_each_dimension(variant, dtype):
+    # One dimension sweeps 1..64 while the other two sit at sizes that are not multiples of
+    # any register tile (MR is 4, 6 or 14; NR is 4, 8, 16 or 32), so every edge-tile case of
+    # every kernel comes up: full tiles plus a ragged last row and column of tiles.
+    mm = harness.get("c.packed", variant=variant, threads=2)
+    for size in range(1, 65):
+        for shape in (Shape(size, 37, 29), Shape(23, size, 31), Shape(19, 41, size)):
+            a, b = harness.make_inputs(shape, dtype, seed=size)
+            outcome = harness.check(mm(a, b), a, b)
+            assert outcome.passed, f"{variant} at {shape} {dtype}: {outcome.message}"
+
+
+# Past each cache block: K > KC (256-1024, so the K sum is cut and later pieces accumulate),
+# M > MC, N > NC (at most 4096) with M small to keep it cheap, and GEMV-like M = 1 / N = 1.
+RAGGED = [
+    Shape(517, 263, 1031),
+    Shape(130, 301, 2053),
+    Shape(7, 4100, 300),
+    Shape(1, 1000, 1100),
+    Shape(1100, 1, 700),
+    Shape(255, 257, 65),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", _variants())
+@pytest.mark.parametrize("shape", RAGGED, ids=str)
+def test_ragged_large_shapes(shape, variant, dtype):
+    _check(shape, dtype, variant=variant, threads=2)
+
+
+def test_forcing_a_variant_this_cpu_lacks_is_a_clear_error():
+    lacking = [v for v in ("avx2", "avx512") if v not in c_backend.packed_variants()]
+    a, b = harness.make_inputs(Shape(8, 8, 8), "float32")
+    for variant in lacking:
+        with pytest.raises(UnavailableError, match=rf"variant '{variant}' cannot run on this CPU"):
+            harness.get("c.packed", variant=variant)(a, b)
+    with pytest.raises(ValueError, match="unknown variant 'sse9'"):
+        harness.get("c.packed", variant="sse9")(a, b)
+
+
+def test_variants_listing_and_auto():
+    variants = c_backend.packed_variants()
+    assert "portable" in variants
+    assert c_backend.packed_variant("auto") == variants[-1]  # the best this CPU has
+    for variant in variants:
+        blocking = c_backend.packed_blocking(variant, "float32")
+        assert blocking["KC"] >= 64 and blocking["MC"] % blocking["MR"] == 0 and blocking["NC"] % blocking["NR"] == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", _variants())
+def test_same_bits_for_every_thread_count(variant, dtype):
+    # Threads split M and N, never the K sum, so each element is the same FMA chain.
+    for shape in (Shape(301, 299, 530), Shape(13, 997, 301), Shape(997, 13, 301)):
+        a, b = harness.make_inputs(shape, dtype)
+        results = {t: harness.get("c.packed", variant=variant, threads=t)(a, b) for t in (1, 2, 3, 7)}
+        assert harness.check(results[1], a, b).passed
+        for threads, result in results.items():
+            np.testing.assert_array_equal(result, results[1], err_msg=f"{threads} threads, {shape}")
+
+
+def test_safe_from_several_python_threads_at_once():
+    # cffi releases the GIL, so these calls (each starting its own threads) really overlap.
+    shapes = [Shape(40 + 37 * i, 50 + 23 * i, 60 + 41 * i) for i in range(10)]
+    inputs = [harness.make_inputs(s, "float32", seed=i) for i, s in enumerate(shapes)]
+    matmul = harness.get("c.packed", threads=2)
+    serial = [matmul(*ab) for ab in inputs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        parallel = list(pool.map(lambda ab: matmul(*ab), inputs))
+    for (a, b), one, other in zip(inputs, serial, parallel):
+        assert harness.check(other, a, b).passed
+        np.testing.assert_array_equal(one, other)
+
+
+def test_bad_thread_counts_are_refused():
+    a, b = harness.make_inputs(Shape(4, 4, 4), "float32")
+    for threads in (0, -2, 1.5, "2"):
+        with pytest.raises(ValueError, match="threads must be an integer >= 1"):
+            harness.get("c.packed", threads=threads)(a, b)
+    _check(Shape(4, 4, 4), "float32", threads=None)  # None: every core
+
+
+def test_c_interface_error_codes_and_empty_sum():
+    from harness import clib
+
+    ffi, lib = clib.load()
+    a = np.ones((3, 0), np.float32)
+    b = np.ones((0, 5), np.float32)
+    c = np.full((3, 5), np.nan, np.float32)
+    args = (ffi.from_buffer("float[]", a), ffi.from_buffer("float[]", b), ffi.from_buffer("float[]", c))
+    assert lib.matmul_packed_f32(*args, 3, 5, 0, 1, 0) == 0  # K = 0: C = 0
+    assert not c.any()
+    assert lib.matmul_packed_f32(*args, 3, 5, 0, 1, 99) == 1  # no such variant
+    assert lib.matmul_packed_f32(*args, -1, 5, 0, 1, 0) == 3  # negative dimension
+    assert lib.matmul_packed_variant_supported(99) == 0
+    assert lib.matmul_packed_resolve_variant(99) == -1
+
+
+def test_registered_after_blocked():
+    names = [impl.name for impl in harness.implementations("c.*")]
+    assert names.index("c.packed") == names.index("c.blocked") + 1
+    assert IMPL.threaded
