@@ -95,6 +95,55 @@ def cpu_peak_gflops(dtype: str, cores: int = 1) -> float | None:
     return clock * lanes * 2 * FMA_UNITS_PER_CORE * cores
 
 
+def _gpu_present() -> bool:
+    """A cheap look for an NVIDIA driver, so CPU-only runs never import torch for this."""
+    import shutil
+
+    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+
+
+def gpu_info() -> dict | None:
+    """The CUDA GPU, driver and library versions, or None where there is no GPU."""
+    if not _gpu_present():
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        info = {
+            "name": props.name,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "multiprocessors": props.multi_processor_count,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "l2_cache_mib": round(getattr(props, "L2_cache_size", 0) / 2**20, 1) or None,
+            "torch_cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        }
+    except Exception as error:  # machine info must never break a comparison
+        return {"error": f"{type(error).__name__}: {error}"}
+    try:
+        import subprocess
+
+        query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
+                                "--format=csv,noheader", f"--id={index}"], capture_output=True, text=True, timeout=10)
+        if query.returncode == 0 and query.stdout.strip():
+            driver, sm_clock, mem_clock = (part.strip() for part in query.stdout.strip().splitlines()[0].split(","))
+            info.update(driver=driver, max_sm_clock=sm_clock, max_memory_clock=mem_clock)
+    except Exception:
+        pass
+    try:
+        import subprocess
+
+        nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=10)
+        info["nvcc"] = nvcc.stdout.strip().splitlines()[-1] if nvcc.returncode == 0 else None
+    except Exception:
+        info["nvcc"] = None
+    return info
+
+
 def machine_info(measure_clock: bool = True) -> dict:
     info = {
         "platform": platform.platform(),
@@ -106,6 +155,9 @@ def machine_info(measure_clock: bool = True) -> dict:
         "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") if k in os.environ},
         "versions": versions(),
     }
+    gpu = gpu_info()
+    if gpu:
+        info["gpu"] = gpu
     if measure_clock:
         clock = measured_clock_ghz()
         info["cpu_clock_ghz_measured"] = round(clock, 3) if clock else None

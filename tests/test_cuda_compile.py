@@ -1,0 +1,71 @@
+"""Every CUDA kernel compiles with nvcc for sm_80 and sm_90, without spilling registers.
+
+No GPU is needed: nvcc with ``--ptxas-options=-v`` runs the whole device compilation and reports
+registers per thread, shared memory per block, stack frame and spills per kernel, which is what
+``python -m harness cuda-info`` prints. Results are cached under build/cuda-ptxas/ on the
+source text, so an edited kernel is recompiled.
+"""
+from __future__ import annotations
+
+import pytest
+
+import harness
+from harness.backends import cuda
+from harness.sources import source_path
+
+pytestmark = pytest.mark.skipif(cuda.nvcc() is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda)")
+
+STATIC_SHARED_LIMIT = 48 * 1024  # beyond this a kernel would need dynamic shared memory and an opt-in
+
+
+@pytest.mark.parametrize("arch", cuda.ARCHS)
+@pytest.mark.parametrize("source", cuda.CUDA_SOURCES)
+def test_compiles_without_spills(source, arch):
+    kernels, log = cuda.compile_with_ptxas(source, arch)
+    expected = cuda.kernel_names(source_path(source).read_text())
+    assert sorted(k.kernel for k in kernels) == sorted(expected), log
+    for k in kernels:
+        assert not k.spills, f"{k.kernel} spills registers on {arch}: {k.spill_stores} B stored, {k.spill_loads} B loaded\n{log}"
+        assert 0 < k.registers <= 255, log
+        assert k.shared_bytes <= STATIC_SHARED_LIMIT, log
+
+
+def test_every_planned_kernel_exists():
+    """The launches the harness plans name kernels that the sources define."""
+    for impl in harness.implementations("cuda.*"):
+        names = cuda.kernel_names(source_path(impl.source).read_text())
+        for dtype in impl.dtypes:
+            m = 1 if impl.operation == "gemv" else 64
+            launch = cuda.plan(impl.backend.technique, dtype, m, 64, 64)
+            assert launch.kernel in names, f"{impl.name} plans {launch.kernel}, not in {impl.source}"
+            assert len(launch.signature) == len(launch.args)
+
+
+def test_compile_error_is_reported(tmp_path, monkeypatch):
+    broken = tmp_path / "cuda" / "broken.cu"
+    broken.parent.mkdir()
+    broken.write_text('extern "C" __global__ void broken(float* x) { x[0] = undeclared; }\n')
+    monkeypatch.setattr(cuda.sources, "sources_root", lambda: tmp_path)
+    with pytest.raises(RuntimeError, match="undeclared"):
+        cuda.compile_with_ptxas("cuda/broken.cu", "sm_90")
+
+
+def test_parse_ptxas():
+    log = """ptxas info    : Compiling entry function 'k' for 'sm_90'
+ptxas info    : Function properties for k
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 4096 bytes smem
+"""
+    (k,) = cuda.parse_ptxas(log, "cuda/x.cu", "sm_90")
+    assert (k.registers, k.shared_bytes, k.stack_bytes, k.spills) == (40, 4096, 8, True)
+
+
+def test_cuda_info_command(capsys):
+    from harness.cli import main
+
+    assert main(["cuda-info", "--arch", "sm_90"]) == 0
+    out = capsys.readouterr().out
+    for source in cuda.CUDA_SOURCES:
+        for name in cuda.kernel_names(source_path(source).read_text()):
+            assert name in out
+    assert "regs/thread" in out and "smem/block" in out
