@@ -1,0 +1,205 @@
+"""Adapter for triton/: the Triton matmul and GEMV, native on a GPU, interpreted without one.
+
+(Named triton_kernels, not triton, so that nothing here can be mistaken for the real package.)
+
+With a CUDA GPU the sources are compiled by Triton and autotuned; ``run`` synchronises, and
+``time`` uses the cuBLAS baseline's timer (``torch_gpu.time_cuda``: CUDA events, the L2
+flushed before every repeat), so the two are measured alike.
+
+Without one they run on Triton's CPU interpreter, on CPU torch tensors, as a correctness
+check only: the Prepared's mode is "interpreted", so tables mark the rows and nothing times
+them. The interpreter has to be chosen before Triton builds its kernels: ``@triton.jit``
+reads TRITON_INTERPRET when it decorates a function, and that includes the helpers inside
+``triton.language`` (``tl.zeros`` and friends), decorated when ``triton.language`` is first
+imported. So:
+
+- at import (``import harness``), if Triton is not imported yet, TRITON_INTERPRET is unset,
+  and this machine plainly has no GPU (no NVIDIA or AMD device nodes, or macOS), it sets
+  TRITON_INTERPRET=1 for the process: the earliest moment the harness gets;
+- otherwise it decides at first use: TRITON_INTERPRET as the user set it, else native when
+  ``torch.cuda.is_available()``, else it sets TRITON_INTERPRET=1 then;
+- if ``triton.language`` was already imported without the interpreter, the kernels would fail
+  inside it: the implementations then report themselves unavailable, saying to set
+  TRITON_INTERPRET=1 before starting Python (or to import harness before triton).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from functools import lru_cache
+
+import numpy as np
+
+from ..core import Implementation
+from ..inputs import BFLOAT16
+from ..sources import load_python_source
+from ..timing import Timing
+from . import torch_gpu
+from .torch_gpu import to_numpy
+
+INTERPRET_ENV = "TRITON_INTERPRET"
+_TRUE = ("1", "true", "on", "yes")  # what Triton itself reads as true
+
+
+def _plainly_no_gpu() -> bool:
+    """True only where a GPU is certainly absent; cheap (no torch, no driver calls)."""
+    if sys.platform == "darwin":
+        return True  # no CUDA on macOS
+    if sys.platform.startswith("linux"):
+        # CUDA cannot run without /dev/nvidiactl, nor ROCm without /dev/kfd.
+        return not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd", "/proc/driver/nvidia"))
+    return False  # elsewhere, leave it to torch at first use
+
+
+if INTERPRET_ENV not in os.environ and "triton" not in sys.modules and _plainly_no_gpu():
+    os.environ[INTERPRET_ENV] = "1"
+
+
+def _language_interpreted() -> bool | None:
+    """Whether triton.language's own jitted helpers were built for the interpreter."""
+    from triton.language import standard
+
+    kinds = {type(v).__name__ for v in vars(standard).values()} & {"JITFunction", "InterpretedFunction"}
+    if not kinds:
+        return None  # a Triton that keeps no jitted helpers there: nothing to check
+    return kinds == {"InterpretedFunction"}
+
+
+@lru_cache(maxsize=None)
+def setup() -> tuple[str | None, str | None]:
+    """(mode, None) with mode "native" or "interpreted", or (None, why neither can run)."""
+    try:
+        import torch
+    except ImportError as error:
+        return None, f"needs PyTorch ({error}); pip install torch"
+    value = os.environ.get(INTERPRET_ENV)
+    if value is None:
+        interpret = not torch.cuda.is_available()
+        if interpret:
+            os.environ[INTERPRET_ENV] = "1"
+    else:
+        interpret = value.strip().lower() in _TRUE
+        if not interpret and not torch.cuda.is_available():
+            return None, f"no CUDA GPU here, and {INTERPRET_ENV}={value} rules out Triton's CPU interpreter"
+    try:
+        import triton
+        if getattr(triton, "__file__", None) is None:  # a namespace package: some folder named triton
+            raise ImportError(f"import triton found only the folder(s) {', '.join(triton.__path__)}")
+        import triton.language  # noqa: F401
+    except ImportError as error:
+        return None, f"needs Triton ({error}); pip install triton (Linux)"
+    if interpret and _language_interpreted() is False:
+        return None, (
+            f"Triton was imported before {INTERPRET_ENV}=1 was set, so its kernels would fail in the "
+            f"interpreter; start Python with {INTERPRET_ENV}=1 (or import harness before triton)"
+        )
+    if not interpret and _language_interpreted() is True:
+        return None, f"Triton was imported with {INTERPRET_ENV} on; restart Python without it to run natively"
+    return ("interpreted" if interpret else "native"), None
+
+
+def load_source(relative: str):
+    """The Triton source, built for the mode ``setup`` chose (raises if it cannot be)."""
+    mode, reason = setup()
+    if reason:
+        raise RuntimeError(reason)
+    want = mode == "interpreted"
+    module = load_python_source(relative)
+    if module.INTERPRETED != want:  # loaded earlier in this process, with the environment changed since
+        raise RuntimeError(f"{relative} was built {'for the interpreter' if module.INTERPRETED else 'natively'} "
+                           f"but this process now runs Triton {mode}; restart Python")
+    return module
+
+
+# --- NumPy <-> torch (back to NumPy: torch_gpu.to_numpy, which takes CPU tensors too) -------------
+def to_torch(array: np.ndarray, device: str):
+    """A new torch tensor holding ``array`` (never a view of it: inputs must stay untouched)."""
+    import torch
+
+    array = np.array(array, copy=True, order="C")
+    if BFLOAT16 is not None and array.dtype == BFLOAT16:
+        # torch.from_numpy knows no ml_dtypes.bfloat16: move the bits as int16 and relabel them.
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(device)
+    return torch.from_numpy(array).to(device)
+
+
+# --- the Prepared and the backend -------------------------------------------------------------------
+class _TritonPrepared:
+    def __init__(self, mode: str, launch, shape: tuple[int, int]):
+        self.mode = mode
+        self.launch = launch
+        self.shape = shape
+        self.output = None
+
+    def run(self) -> None:
+        self.output = self.launch()
+        if self.mode == "native":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def result(self) -> np.ndarray:
+        if self.output is None:
+            raise RuntimeError("result() before run()")
+        return to_numpy(self.output).reshape(self.shape)
+
+    def time(self, min_time: float) -> Timing:
+        if self.mode != "native":
+            raise RuntimeError(f"{self.mode} runs are correctness checks; they are not timed")
+        # The timer the cuBLAS baseline uses (CUDA events, L2 flushed before every repeat),
+        # so the ratio between the two compares kernels, not timers.
+        return torch_gpu.time_cuda(self.launch, min_time)
+
+
+class TritonBackend:
+    """Loads ``function`` from a file in triton/ and calls it on torch tensors.
+
+    ``gemv`` backends take the harness's M = 1 problem, A [1, K] and B [K, N], as
+    x = A[0] and W = B transposed into an [N, K] row-major copy (see triton/gemv.py for why),
+    made while preparing, outside the timed region.
+    """
+
+    def __init__(self, function: str, gemv: bool = False):
+        self.function = function
+        self.gemv = gemv
+
+    def unavailable_reason(self, impl):
+        return setup()[1]
+
+    def run_mode(self, impl) -> str:
+        return setup()[0] or "native"  # unavailable: let the reason, not a size cap, say so
+
+    def prepare(self, impl, a, b, options):
+        module = load_source(impl.source)
+        mode = setup()[0]
+        device = "cuda" if mode == "native" else "cpu"
+        function = getattr(module, self.function)
+        kwargs = {k: v for k, v in options.items() if v is not None}
+        if self.gemv:
+            x = to_torch(a[0], device)
+            w = to_torch(np.ascontiguousarray(b.T), device)
+            launch = lambda: function(w, x, **kwargs)  # noqa: E731
+        else:
+            ta, tb = to_torch(a, device), to_torch(b, device)
+            launch = lambda: function(ta, tb, **kwargs)  # noqa: E731
+        return _TritonPrepared(mode, launch, (a.shape[0], b.shape[1]))
+
+    def peak_gflops(self, impl, dtype: str) -> float | None:
+        # For the GEMV the roof is HBM bandwidth, so "% peak" reads as % of it (see torch_gpu).
+        return torch_gpu.peak_for(impl.operation, dtype)
+
+
+IMPLEMENTATIONS = [
+    Implementation(
+        "triton.matmul", "triton", "gpu", ("float32", "float16", "bfloat16"),
+        "tl.dot on BLOCK_M x BLOCK_N tiles in grouped order (L2 reuse), FP32 accumulate, autotuned",
+        TritonBackend("matmul"), source="triton/matmul.py", requires=("gpu", "torch", "triton"),
+        options={"allow_tf32": False, "config": None},
+    ),
+    Implementation(
+        "triton.gemv", "triton", "gpu", ("float32", "float16", "bfloat16"),
+        "y = W x streamed at HBM bandwidth: rows of W split across programs, FP32 accumulate",
+        TritonBackend("gemv", gemv=True), source="triton/gemv.py", operation="gemv",
+        requires=("gpu", "torch", "triton"), options={"config": None},
+    ),
+]

@@ -1,0 +1,293 @@
+"""The Triton matmul and GEMV: correctness on edge shapes, every dtype, any strides, bad input.
+
+Without a GPU these run on Triton's CPU interpreter (TRITON_INTERPRET=1, set by the harness
+when it is imported, before Triton is), with small blocks and small shapes because the
+interpreter is slow. With a GPU the same tests run natively; the large shapes, the autotuner
+and the speed targets are in test_triton_gpu.py.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import harness  # first: it chooses the interpreter before anything imports triton
+import numpy as np
+import pytest
+from harness import MatmulInputError, check, make_inputs
+from harness.backends import triton_kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+MODE, REASON = triton_kernels.setup()
+if REASON:
+    pytest.skip(f"Triton kernels unavailable: {REASON}", allow_module_level=True)
+
+import torch  # noqa: E402  (after the harness: see above)
+
+DEVICE = "cuda" if MODE == "native" else "cpu"
+DTYPES = ["float32", "float16", "bfloat16"]
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Small enough for the interpreter, and legal for tl.dot on a GPU (blocks of at least 16).
+SMALL = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 3}
+
+
+@pytest.fixture(scope="module")
+def matmul_source():
+    return triton_kernels.load_source("triton/matmul.py")
+
+
+@pytest.fixture(scope="module")
+def gemv_source():
+    return triton_kernels.load_source("triton/gemv.py")
+
+
+def tensor(shape, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=generator) * 2 - 1).to(TORCH_DTYPES[dtype]).to(DEVICE)
+
+
+def assert_close(result, a, b):
+    """Check a torch result against the float64 reference of a @ b, with the harness's tolerance."""
+    np_a = triton_kernels.to_numpy(a)
+    np_b = triton_kernels.to_numpy(b)
+    outcome = check(triton_kernels.to_numpy(result), np_a, np_b)
+    assert outcome.passed, outcome.message
+
+
+# --- through the harness, as compare and the benchmark suite call them ----------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ["100x130x70", "1x130x70", "17x15x1", "33x65x129"])
+def test_matmul_shapes_and_dtypes(shape, dtype):
+    a, b = make_inputs(shape, dtype)
+    a_before, b_before = a.copy(), b.copy()
+    mm = harness.get("triton.matmul")
+    prepared = mm.prepare(a, b)
+    assert prepared.mode == ("native" if MODE == "native" else "interpreted")
+    prepared.run()
+    c = prepared.result()
+    assert c.dtype == a.dtype and c.shape == (a.shape[0], b.shape[1])
+    outcome = check(c, a, b)
+    assert outcome.passed, outcome.message
+    np.testing.assert_array_equal(a, a_before)  # inputs never modified
+    np.testing.assert_array_equal(b, b_before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ["1x130x70", "1x1x1", "1x17x300"])
+def test_gemv_shapes_and_dtypes(shape, dtype):
+    a, b = make_inputs(shape, dtype)
+    c = harness.get("triton.gemv")(a, b)
+    assert c.dtype == a.dtype and c.shape == (1, b.shape[1])
+    outcome = check(c, a, b)
+    assert outcome.passed, outcome.message
+
+
+def test_gemv_refuses_m_above_one():
+    a, b = make_inputs("2x8x8", "float32")
+    with pytest.raises(MatmulInputError, match="M = 1"):
+        harness.get("triton.gemv")(a, b)
+
+
+def test_empty_products():
+    for shape in ("5x4x0", "0x4x3"):
+        a, b = make_inputs(shape, "float16")
+        c = harness.get("triton.matmul")(a, b)
+        assert c.shape == (a.shape[0], b.shape[1]) and not c.any()
+
+
+def test_compare_marks_interpreted_rows_and_does_not_time_them():
+    results = harness.compare(["9x10x11"], "triton.matmul", ["bfloat16"], baselines=False)
+    row = results.row("triton.matmul", "9x10x11", "bfloat16")
+    assert row.passed, row.status
+    if MODE == "interpreted":
+        assert row.mode == "interpreted" and row.median_s is None and row.gflops is None
+        assert "interpreted, not timed" in str(results)
+
+
+# --- the wrappers directly: strides, configs ----------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_transposed_and_strided_inputs_need_no_copy(matmul_source, dtype):
+    m, n, k = 40, 50, 36
+    a_t = tensor((k, m), dtype, 1)  # A stored as [K, M]: a_t.T is A, column-major
+    b_t = tensor((n, k), dtype, 2)
+    wide = tensor((m, 2 * k), dtype, 3)
+    a_before, b_before = a_t.clone(), b_t.clone()
+    for a, b in [(a_t.T, b_t.T), (a_t.T, b_t.T.contiguous()), (wide[:, ::2], b_t.T)]:
+        assert not (a.is_contiguous() and b.is_contiguous())
+        c = matmul_source.matmul(a, b, config=SMALL)
+        assert c.is_contiguous() and c.dtype == a.dtype
+        assert_close(c, a, b)
+    assert torch.equal(a_t, a_before) and torch.equal(b_t, b_before)
+
+
+def test_matmul_last_group_shorter_than_group_m(matmul_source):
+    # 100 rows in 16-row blocks is 7 tile-rows: with GROUP_M = 3, groups of 3, 3 and a ragged 1;
+    # GROUP_M = 1 is plain row-major order.
+    a, b = tensor((100, 20), "float16", 4), tensor((20, 40), "float16", 5)
+    for group_m in (1, 3):
+        assert_close(matmul_source.matmul(a, b, config={**SMALL, "GROUP_M": group_m}), a, b)
+
+
+def test_matmul_default_config(matmul_source):
+    # Interpreted: the one small config; native: the autotuner.
+    a, b = tensor((33, 47), "bfloat16", 6), tensor((47, 65), "bfloat16", 7)
+    assert_close(matmul_source.matmul(a, b), a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemv_wrapper_any_strides(gemv_source, dtype):
+    n, k = 70, 90
+    w = tensor((n, k), dtype, 8)
+    x_wide = tensor((2 * k,), dtype, 9)
+    for weights, x in [(w, x_wide[:k]), (w.T.contiguous().T, x_wide[::2])]:  # row-major W; W read through B^T
+        y = gemv_source.gemv(weights, x)
+        assert y.shape == (n,) and y.dtype == w.dtype
+        assert_close(y[None, :], x[None, :], weights.T)
+
+
+# --- bad input ----------------------------------------------------------------------------------------
+def test_matmul_wrapper_bad_input(matmul_source):
+    a, b = tensor((4, 5), "float32"), tensor((6, 3), "float32")
+    with pytest.raises(ValueError, match=r"\(4, 5\).*\(6, 3\)"):
+        matmul_source.matmul(a, b)
+    with pytest.raises(ValueError, match="2-D"):
+        matmul_source.matmul(a[0], b)
+    with pytest.raises(TypeError, match="one dtype"):
+        matmul_source.matmul(a, tensor((5, 3), "float16"))
+    with pytest.raises(TypeError, match="unsupported dtype torch.float64"):
+        matmul_source.matmul(a.double(), b[:5].double())
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        matmul_source.matmul(np.ones((4, 5), np.float32), b[:5])
+    with pytest.raises(ValueError, match="tensors on meta"):
+        matmul_source.matmul(a.to("meta"), b[:5].to("meta"))
+    with pytest.raises(ValueError, match="BLOCK_K must be a power of two >= 16"):
+        matmul_source.matmul(a, b[:5], config={**SMALL, "BLOCK_K": 8})
+
+
+def test_gemv_wrapper_bad_input(gemv_source):
+    w, x = tensor((4, 5), "float16"), tensor((6,), "float16")
+    with pytest.raises(ValueError, match=r"\(4, 5\).*6"):
+        gemv_source.gemv(w, x)
+    with pytest.raises(ValueError, match="1-D"):
+        gemv_source.gemv(w, x[None, :5])
+    with pytest.raises(TypeError, match="one dtype"):
+        gemv_source.gemv(w, x[:5].float())
+
+
+def test_harness_refuses_float64_and_mismatched_shapes():
+    with pytest.raises(MatmulInputError, match="float64"):
+        harness.get("triton.matmul")(*make_inputs("4x4x4", "float64"))
+    a, _ = make_inputs("4x5x6", "float16")
+    with pytest.raises(MatmulInputError, match=r"\(4, 6\).*\(4, 5\)"):
+        harness.get("triton.matmul")(a, a[:, :5])
+
+
+# --- the interpreter has to be chosen before Triton is imported ------------------------------------------
+@pytest.mark.skipif(MODE == "native", reason="only meaningful where Triton has to run on its interpreter")
+def test_triton_imported_first_is_reported_not_run_wrongly():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import triton, harness\n"
+        "reason = harness.lookup('triton.matmul').unavailable_reason()\n"
+        "print(reason)\n"
+        "assert reason and 'imported before TRITON_INTERPRET=1' in reason, reason\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- without a GPU, still compile for one: Hopper and Ampere, ahead of time -----------------------------
+# Triton's wheel carries ptxas, so the kernels can be compiled for sm_90 and sm_80 on any
+# machine. This catches a kernel that no longer compiles natively (the interpreter accepts
+# things the compiler does not), one that lost its tensor-core path, and register spills.
+AOT_CHECK = r"""
+import importlib.util, json, os, re, subprocess, sys, tempfile
+import triton
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+except ImportError as error:
+    print(json.dumps({"skip": f"this Triton has no ahead-of-time compile API ({error})"}))
+    sys.exit(0)
+
+def load(relative):
+    path = os.path.join(sys.argv[1], relative)
+    spec = importlib.util.spec_from_file_location("_aot_" + os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+mm, gv = load("triton/matmul.py"), load("triton/gemv.py")
+assert not mm.INTERPRETED and not gv.INTERPRETED
+cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+def build(name, kernel, pointers, dtype, constants, divisible, capability, config):
+    constants = {**constants, **config.kwargs}
+    signature = {arg: "i32" for arg in kernel.arg_names}
+    signature.update({arg: "*" + dtype for arg in pointers})
+    signature.update({arg: "constexpr" for arg in constants})
+    attrs = {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]] for arg in pointers + divisible}
+    try:
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
+        target = GPUTarget("cuda", capability, 32)
+        options = make_backend(target).parse_options({"num_warps": config.num_warps, "num_stages": config.num_stages})
+    except (TypeError, AttributeError) as error:
+        print(json.dumps({"skip": f"this Triton's ahead-of-time compile API differs ({error})"}))
+        sys.exit(0)
+    compiled = triton.compile(source, target=target, options=options.__dict__)
+    usage = None
+    if os.path.exists(cuobjdump):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(compiled.asm["cubin"])
+            cubin.flush()
+            out = subprocess.run([cuobjdump, "--dump-resource-usage", cubin.name], capture_output=True, text=True).stdout
+        found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", out)
+        usage = found and {"regs": int(found[1]), "stack": int(found[2]), "local": int(found[3])}
+    ptx = compiled.asm["ptx"]
+    return {"name": name, "sm": capability, "wgmma": "wgmma" in ptx, "mma": "mma.sync" in ptx,
+            "vector16": bool(re.search(r"ld\.global[.\w]*\.v4\.b32", ptx)), "usage": usage}
+
+mm_pointers, mm_divisible = ["a_ptr", "b_ptr", "c_ptr"], ["M", "N", "K", "stride_am", "stride_bk", "stride_cm"]
+row_major = {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1, "UPCAST": False}
+gv_pointers, gv_divisible = ["w_ptr", "x_ptr", "y_ptr"], ["N", "K", "stride_wn"]
+gv_row_major = {"stride_wk": 1, "stride_x": 1, "stride_y": 1}
+half = {**row_major, "INPUT_PRECISION": "tf32"}
+results = [
+    build("matmul fp16", mm.matmul_kernel, mm_pointers, "fp16", half, mm_divisible, 90, mm.HOPPER_CONFIGS[0]),
+    build("matmul bf16", mm.matmul_kernel, mm_pointers, "bf16", half, mm_divisible, 90, mm.HOPPER_CONFIGS[0]),
+    build("matmul bf16", mm.matmul_kernel, mm_pointers, "bf16", half, mm_divisible, 80, mm.AMPERE_CONFIGS[0]),
+    build("matmul fp32", mm.matmul_kernel, mm_pointers, "fp32", {**row_major, "INPUT_PRECISION": "ieee"},
+          mm_divisible, 90, mm.HOPPER_CONFIGS[-1]),
+    build("gemv bf16", gv.gemv_kernel, gv_pointers, "bf16", gv_row_major, gv_divisible, 90, gv.CONFIGS[2]),
+    build("gemv fp16", gv.gemv_kernel, gv_pointers, "fp16", gv_row_major, gv_divisible, 80, gv.CONFIGS[1]),
+]
+print(json.dumps({"results": results}))
+"""
+
+
+def test_kernels_compile_for_hopper_and_ampere():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default either way; silences a notice
+    done = subprocess.run([sys.executable, "-c", AOT_CHECK, str(ROOT)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if "skip" in report:
+        pytest.skip(report["skip"])
+    for result in report["results"]:
+        where = f"{result['name']} for sm_{result['sm']}"
+        if result["name"].startswith("matmul") and "fp32" not in result["name"]:
+            assert result["wgmma" if result["sm"] >= 90 else "mma"], f"{where}: no tensor-core instruction"
+        if result["name"].startswith("gemv"):
+            assert result["vector16"], f"{where}: no 16-byte loads of W"
+        if result["usage"]:
+            assert result["usage"]["local"] == 0, f"{where} spills registers: {result['usage']}"
+
+
+def test_autotune_configs_pruned_to_shared_memory(matmul_source, monkeypatch):
+    monkeypatch.setattr(matmul_source, "_shared_memory_limit", lambda index: 232448)  # Hopper: 227 KB per block
+    for dtype, expected in [("float16", len(matmul_source.HOPPER_CONFIGS)), ("float32", 1)]:
+        kept = matmul_source._prune_configs(matmul_source.HOPPER_CONFIGS, {"a_ptr": tensor((2, 2), dtype)})
+        assert len(kept) == expected, [c.kwargs for c in kept]
+    monkeypatch.setattr(matmul_source, "_shared_memory_limit", lambda index: 1024)  # nothing fits: keep the smallest
+    assert len(matmul_source._prune_configs(matmul_source.AMPERE_CONFIGS, {"a_ptr": tensor((2, 2), "float32")})) == 1
