@@ -59,6 +59,10 @@ def main(argv=None) -> int:
     listing = commands.add_parser("list", help="list every implementation and whether it can run here")
     listing.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
 
+    cuda_info = commands.add_parser(
+        "cuda-info", help="registers per thread, shared memory per block and spills of every CUDA kernel (nvcc, no GPU needed)")
+    cuda_info.add_argument("--arch", nargs="+", default=None, metavar="SM", help="architectures (default sm_80 sm_90)")
+
     comparing = commands.add_parser(
         "compare", help="check and time implementations side by side",
         description="Shapes are N (square) or MxNxK: C = A @ B is M x N, K is the inner dimension.",
@@ -79,9 +83,56 @@ def main(argv=None) -> int:
     comparing.add_argument("--plot", metavar="PATH", help="draw GFLOP/s against size (PNG)")
     comparing.add_argument("--no-progress", action="store_true")
 
+    from .experiments import EXPERIMENTS
+
+    for name, module in EXPERIMENTS.items():
+        experiment = commands.add_parser(name, help=module.TITLE)
+        module.add_arguments(experiment)
+        experiment.add_argument("--out", default="out", metavar="DIR", help=f"where {name}.json and {name}.png go (default out)")
+
+    everything = commands.add_parser("experiments", help="run every experiment, then write the report")
+    everything.add_argument("--out", default="out", metavar="DIR")
+    everything.add_argument("--only", nargs="+", choices=list(EXPERIMENTS), metavar="NAME", help="a subset, by name")
+    reporting = commands.add_parser("report", help="gather the experiments' JSON and plots in DIR into DIR/REPORT.md")
+    reporting.add_argument("directory", nargs="?", default="out")
+
     args = parser.parse_args(argv)
+    if args.command in EXPERIMENTS:
+        options = {k: v for k, v in vars(args).items() if k not in ("command", "out")}
+        try:
+            EXPERIMENTS[args.command].run(args.out, **options)
+        except ValueError as error:  # a bad option value the experiment refused
+            parser.error(str(error))
+        print(f"wrote {args.out}/{args.command}.json and {args.out}/{args.command}.png")
+        return 0
+    if args.command == "experiments":
+        from .report import write_report
+
+        for name in args.only or EXPERIMENTS:
+            print(f"== {name}", flush=True)
+            EXPERIMENTS[name].run(args.out)
+        print(f"wrote {write_report(args.out)}")
+        return 0
+    if args.command == "report":
+        from .report import write_report
+
+        try:
+            print(f"wrote {write_report(args.directory)}")
+        except FileNotFoundError as error:
+            sys.stderr.write(f"{error}\n")
+            return 1
+        return 0
     if args.command == "list":
         sys.stdout.write(implementation_table(args.markdown))
+        return 0
+    if args.command == "cuda-info":
+        from .backends import cuda
+
+        try:
+            sys.stdout.write(cuda.resource_table(tuple(args.arch or cuda.ARCHS)))
+        except RuntimeError as error:
+            sys.stderr.write(f"{error}\n")
+            return 1
         return 0
 
     from .compare import compare

@@ -47,6 +47,9 @@ class Backend(Protocol):
     def prepare(self, impl: "Implementation", a: np.ndarray, b: np.ndarray, options: Mapping[str, Any]) -> Prepared:
         """Convert and stage the (validated, C-contiguous) inputs; nothing timed happens here."""
 
+    # Optional: ``run_mode(impl) -> "native" | "emulated" | "interpreted"``, how prepare() would
+    # run here. CPU stand-ins for GPU code are slow, so compare() caps their problem size.
+
 
 @dataclass(frozen=True)
 class Implementation:
@@ -77,6 +80,15 @@ class Implementation:
         return self.unavailable_reason() is None
 
 
+STAND_IN_MAX_FLOPS = 2 * 256**3
+
+
+def run_mode(impl: Implementation) -> str:
+    """How ``impl`` runs on this machine: native, or a CPU stand-in (emulated, interpreted)."""
+    probe = getattr(impl.backend, "run_mode", None)
+    return probe(impl) if probe else "native"
+
+
 def slow_allowed(allow_slow: bool | None) -> bool:
     if allow_slow is not None:
         return allow_slow
@@ -94,6 +106,13 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
         raise MatmulInputError(
             f"{impl.name} needs M, N and K to be multiples of {impl.multiple_of}, got {shape} (MxNxK)"
         )
+    if shape.flops > STAND_IN_MAX_FLOPS and not slow_allowed(allow_slow) and impl.device != "cpu":
+        mode = run_mode(impl)
+        if mode != "native":
+            raise MatmulInputError(
+                f"{impl.name} runs {mode} on the CPU here, which is checked only up to 256x256x256 "
+                f"(got {shape}); pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run it anyway"
+            )
     if impl.max_flops is not None and shape.flops > impl.max_flops and not slow_allowed(allow_slow):
         estimate = ""
         if impl.slow_rate:

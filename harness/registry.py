@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from .backends import c, numpy_blas, python_loops
+from .backends import c, cuda, numpy_blas, python_loops, torch_gpu, triton_kernels
 from .core import Implementation
 
 REGISTRY: dict[str, Implementation] = {
@@ -12,6 +12,9 @@ REGISTRY: dict[str, Implementation] = {
         *python_loops.IMPLEMENTATIONS,
         *c.IMPLEMENTATIONS,
         *numpy_blas.IMPLEMENTATIONS,
+        *cuda.IMPLEMENTATIONS,
+        *torch_gpu.IMPLEMENTATIONS,
+        *triton_kernels.IMPLEMENTATIONS,
     ]
 }
 

@@ -1,6 +1,16 @@
 """The reference texts' exercises as reproducible commands.
 
-Each experiment is a module here with ``run(out_dir, ...) -> dict`` that measures, writes
-``<out_dir>/<name>.json`` (its numbers plus machine info) and ``<out_dir>/<name>.png`` (its
-plot), and returns the JSON's contents. ``python -m harness <name>`` runs one.
+Each experiment is a module here with ``NAME``, ``TITLE``, ``add_arguments(parser)``,
+``run(out_dir, ...) -> dict`` (measures, writes ``<out_dir>/<NAME>.json`` with its numbers and
+the machine's info, and ``<out_dir>/<NAME>.png``) and ``summarize(data) -> str`` (Markdown for
+the report). ``python -m harness <NAME> --out DIR`` runs one; ``python -m harness experiments
+--out DIR`` runs them all and ``python -m harness report DIR`` gathers them into DIR/REPORT.md.
 """
+from __future__ import annotations
+
+from . import association, comparison, gemv_bandwidth, loads, loop_orders, roofline, tile_quantization, tile_sweep
+
+EXPERIMENTS = {
+    module.NAME: module
+    for module in (comparison, loads, loop_orders, tile_sweep, tile_quantization, association, roofline, gemv_bandwidth)
+}

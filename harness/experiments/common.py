@@ -1,0 +1,166 @@
+"""What every experiment shares: checked-then-timed measurements and writing JSON + PNG."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import machine
+from ..checking import check
+from ..core import Matmul, MatmulInputError, UnavailableError, check_problem
+from ..inputs import parse_shape
+from ..registry import lookup
+from ..timing import time_cpu
+
+
+def measure(name: str, a: np.ndarray, b: np.ndarray, min_time: float = 0.2, threads: int | None = 1, **options) -> dict:
+    """Check ``name`` on (a, b), then time it. Returns a dict with seconds and GFLOP/s, or
+    with ``skipped`` saying why it could not run (unavailable, refused, failed its check)."""
+    impl = lookup(name)
+    shape = parse_shape((a.shape[0], b.shape[1], a.shape[1]))
+    entry = {"implementation": name, "shape": str(shape), "dtype": a.dtype.name}
+    try:
+        check_problem(impl, shape, a.dtype)
+    except MatmulInputError as error:
+        return {**entry, "skipped": str(error)}
+    reason = impl.unavailable_reason()
+    if reason:
+        return {**entry, "skipped": f"unavailable: {reason}"}
+    if impl.threaded and threads is not None:
+        options.setdefault("threads", threads)
+    from threadpoolctl import threadpool_limits
+
+    try:
+        with threadpool_limits(limits=threads) if threads else _null():
+            prepared = Matmul(impl, **options).prepare(a, b)
+            prepared.run()
+            outcome = check(prepared.result(), a, b)
+            if not outcome.passed:
+                return {**entry, "skipped": f"FAILED its check: {outcome.message}"}
+            if prepared.mode != "native":
+                return {**entry, "skipped": f"runs {prepared.mode} here (correct, not timed)"}
+            own_timer = getattr(prepared, "time", None)
+            timing = own_timer(min_time) if own_timer else time_cpu(prepared.run, min_time=min_time)
+    except (UnavailableError, MatmulInputError) as error:
+        return {**entry, "skipped": str(error)}
+    seconds = timing.median_s
+    return {
+        **entry, "device": impl.device, "seconds": seconds, "spread": timing.spread, "repeats": timing.repeats,
+        "gflops": shape.flops / seconds / 1e9,
+        "gbytes_per_s": (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n) * a.dtype.itemsize / seconds / 1e9,
+        "threads": options.get("threads", threads),
+    }
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def timed_once(function) -> tuple[float, object]:
+    start = time.perf_counter()
+    value = function()
+    return time.perf_counter() - start, value
+
+
+def write(out_dir, name: str, data: dict, figure) -> dict:
+    """Write ``<name>.json`` (with machine info) and ``<name>.png``; return the JSON's contents."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {"experiment": name, "machine": machine.machine_info(), **data}
+    (out_dir / f"{name}.json").write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+    figure.savefig(out_dir / f"{name}.png", dpi=120, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return data
+
+
+def _jsonable(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    return str(value)
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+DEVICES_ENV = "MATMUL_EXPERIMENT_DEVICES"
+
+
+def wanted(device: str) -> bool:
+    """Whether experiments should measure on ``device`` ("cpu" or "gpu"). All by default;
+    MATMUL_EXPERIMENT_DEVICES=gpu makes a GPU run skip the CPU half (the GPU script does)."""
+    import os
+
+    chosen = os.environ.get(DEVICES_ENV, "cpu,gpu").replace(" ", ",").split(",")
+    if device == "gpu" and not gpu_present():
+        return False
+    return device in chosen
+
+
+def require_a_device() -> None:
+    if not (wanted("cpu") or wanted("gpu")):
+        import os
+
+        raise ValueError(f"nothing to measure: {DEVICES_ENV}={os.environ.get(DEVICES_ENV)!r} leaves out the CPU "
+                         "and no GPU is visible")
+
+
+def gpu_present() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def cpu_bandwidth_gbps(megabytes: int = 256, repeats: int = 5) -> float:
+    """Memory bandwidth one core sustains, from copying a buffer far larger than the caches
+    (bytes read plus bytes written, best of ``repeats``)."""
+    source = np.ones(megabytes * 1024 * 1024 // 8)
+    target = np.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        seconds, _ = timed_once(lambda: np.copyto(target, source))
+        best = min(best, seconds)
+    return 2 * source.nbytes / best / 1e9
+
+
+# Datasheet figures for GPUs whose peaks the device cannot report (dense, no sparsity).
+GPU_PEAKS = {
+    "H200": {"float32": 67e3, "bfloat16": 989e3, "float16": 989e3, "bandwidth_gbps": 4800},
+    "H100": {"float32": 67e3, "bfloat16": 989e3, "float16": 989e3, "bandwidth_gbps": 3350},
+    "A100": {"float32": 19.5e3, "bfloat16": 312e3, "float16": 312e3, "bandwidth_gbps": 2039},
+}
+
+
+def gpu_peaks() -> dict | None:
+    """GFLOP/s per dtype and GB/s of the GPU at hand, from its datasheet; None if unknown."""
+    if not gpu_present():
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    for key, peaks in GPU_PEAKS.items():
+        if key in name:
+            return {"device": name, **peaks}
+    return None

@@ -1,0 +1,47 @@
+"""The main side-by-side comparison, as an experiment: every implementation that runs here
+at a few sizes, for the report (the same as ``python -m harness compare``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..compare import compare
+from .common import gpu_present, say
+
+NAME = "comparison"
+TITLE = "Every implementation side by side"
+
+CPU_SHAPES = ("128", "512", "1024", "1x4096x4096")
+GPU_SHAPES = ("1024", "2048", "4096", "8192", "1x8192x8192", "1x16384x16384")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--shapes", nargs="+", default=None, help="default: 128 512 1024 1x4096x4096 (and GPU sizes with a GPU)")
+    parser.add_argument("--threads", type=int, default=1)
+
+
+def run(out_dir, shapes=None, threads: int = 1) -> dict:
+    out_dir = Path(out_dir)
+    shapes = list(shapes or CPU_SHAPES)
+    say(f"comparing every implementation at {', '.join(shapes)}")
+    results = compare(shapes, None, ["float32"], threads=threads, progress=True)
+    if gpu_present() and not any(s in GPU_SHAPES for s in shapes):
+        gpu = compare(list(GPU_SHAPES), ["cuda.*", "triton.*", "torch.*"], ["float32", "bfloat16", "float16"], progress=True)
+        results.rows += gpu.rows
+    print(results)
+    results.to_json(out_dir / f"{NAME}.json")
+    results.to_csv(out_dir / f"{NAME}.csv")
+    results.plot(out_dir / f"{NAME}.png")
+    return {"experiment": NAME, **results.to_dict()}
+
+
+def summarize(data: dict) -> str:
+    lines = ["| implementation | device | shape | dtype | median | GFLOP/s | % peak | vs baseline | status |",
+             "|---|---|---|---|---:|---:|---:|---:|---|"]
+    for r in data["results"]:
+        median = f"{r['median_s'] * 1e3:.3g} ms" if r.get("median_s") else ""
+        gflops = f"{r['gflops']:.3g}" if r.get("gflops") else ""
+        peak = f"{r['peak_pct']:.1f}%" if r.get("peak_pct") else ""
+        speedup = f"{r['speedup']:.3g}x" if r.get("speedup") else ""
+        status = r["status"] if r.get("mode", "native") == "native" else f"{r['status']} ({r['mode']}, not timed)"
+        lines.append(f"| `{r['implementation']}` | {r['device']} | {r['shape']} | {r['dtype']} | {median} | {gflops} | {peak} | {speedup} | {status.replace('|', '/')} |")
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""The by-hand text's exercise D: tile quantization.
+
+(M, 4096) @ (4096, 4096) for M in {127, 128, 129, 255, 256, 257}. A GPU kernel that cuts C into
+128-row tiles runs a whole extra row of tiles for M = 129, nearly idle: the time jumps where M
+crosses a multiple of the tile height, while the FLOPs grow by under 1%. On the CPU the same
+experiment shows the (much smaller) steps of the packed kernel's MR-row micro-tiles and of
+OpenBLAS's blocking.
+"""
+from __future__ import annotations
+
+from ..inputs import make_inputs
+from ..registry import REGISTRY
+from .common import measure, pyplot, say, require_a_device, wanted, write
+
+NAME = "tile-quantization"
+TITLE = "Tile quantization: (M, 4096) @ (4096, 4096) around multiples of 128 (exercise D)"
+
+M_VALUES = (127, 128, 129, 255, 256, 257)
+CPU_IMPLS = ("numpy.matmul", "c.packed", "c.blocked")
+GPU_IMPLS = ("torch.cublas", "triton.matmul", "cuda.register_tiled", "cuda.wmma", "cuda.tiled")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--size", type=int, default=4096, help="N = K (default 4096)")
+    parser.add_argument("--m", type=int, nargs="+", default=list(M_VALUES))
+
+
+def run(out_dir, size: int = 4096, m=M_VALUES) -> dict:
+    require_a_device()
+    rows = []
+    plans = [("cpu", "float32", [n for n in CPU_IMPLS if n in REGISTRY])] if wanted("cpu") else []
+    if wanted("gpu"):
+        plans.append(("gpu", "bfloat16", [n for n in GPU_IMPLS if n in REGISTRY]))
+        plans.append(("gpu", "float32", [n for n in GPU_IMPLS if n in REGISTRY]))
+    for device, dtype, names in plans:
+        for rows_m in m:
+            a, b = make_inputs(f"{rows_m}x{size}x{size}", dtype)
+            for name in names:
+                if dtype not in REGISTRY[name].dtypes:
+                    continue
+                say(f"  {name} {rows_m}x{size}x{size} {dtype}")
+                entry = measure(name, a, b, min_time=0.3)
+                entry.update(m=rows_m, device=device)
+                rows.append(entry)
+
+    plt = pyplot()
+    series = sorted({(r["implementation"], r["dtype"]) for r in rows if "seconds" in r})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for name, dtype in series:
+        points = sorted((r["m"], r["seconds"], r["gflops"]) for r in rows
+                        if r["implementation"] == name and r["dtype"] == dtype and "seconds" in r)
+        label = f"{name} ({dtype})"
+        left.plot([p[0] for p in points], [p[1] * 1e3 for p in points], "o-", label=label)
+        right.plot([p[0] for p in points], [p[2] for p in points], "o-", label=label)
+    for axis in (left, right):
+        for boundary in (128, 256):
+            axis.axvline(boundary + 0.5, color="grey", linestyle=":", linewidth=1)
+        axis.set_xlabel("M")
+        axis.set_xticks(list(m))
+    left.set_yscale("log")
+    left.set_ylabel("ms (log scale)")
+    left.set_title(f"time of (M, {size}) @ ({size}, {size})")
+    right.set_yscale("log")
+    right.set_ylabel("GFLOP/s")
+    right.set_title("throughput: dips just past a multiple of the tile")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    return write(out_dir, NAME, {"size": size, "m_values": list(m), "rows": rows}, fig)
+
+
+def summarize(data: dict) -> str:
+    m_values = data["m_values"]
+    series = sorted({(r["implementation"], r["dtype"]) for r in data["rows"] if "seconds" in r})
+    lines = ["| implementation | dtype | " + " | ".join(f"M={m}" for m in m_values) + " |",
+             "|---|---|" + "---:|" * len(m_values)]
+    for name, dtype in series:
+        cells = []
+        for m in m_values:
+            hit = [r for r in data["rows"] if r["implementation"] == name and r["dtype"] == dtype and r["m"] == m and "seconds" in r]
+            cells.append(f"{hit[0]['seconds'] * 1e3:.3g} ms" if hit else "")
+        lines.append(f"| `{name}` | {dtype} | " + " | ".join(cells) + " |")
+    skipped = sorted({f"`{r['implementation']}`: {r['skipped']}" for r in data["rows"] if "skipped" in r})
+    if skipped:
+        lines.append("\nNot measured: " + "; ".join(skipped))
+    return "\n".join(lines)

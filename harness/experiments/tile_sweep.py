@@ -1,0 +1,157 @@
+"""Exercise C of the by-hand text: GFLOP/s of the tiled (blocked) matmul against its tile size.
+
+``python -m harness tile-sweep`` times ``c.blocked`` at one shape for each tile size and draws
+it against horizontal lines for what it should beat and what it is measured against: the
+naive C loops (``c.naive_ikj``; ``c.naive_ijk``, at a smaller shape when the asked one would
+take minutes, as the plot and JSON say), the packed SIMD matmul that is the next step
+(``c.packed``) and the BLAS (``numpy.matmul``). Every product is checked against the
+float64 reference before it is timed; a wrong one is reported, never timed.
+
+What to expect: tiny tiles pay loop overhead and short vectors; tiles whose B tile
+(tile x tile elements) no longer fits in L1/L2 lose the reuse that blocking buys; the best
+sits in between, and still well below the BLAS, which also packs and keeps C in registers.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from .. import machine
+from ..checking import check, reference
+from ..core import Matmul
+from ..inputs import Shape, make_inputs, parse_shape
+from ..registry import lookup
+from ..timing import time_cpu
+
+NAME = "tile-sweep"
+TITLE = "Tile sweep: c.blocked's GFLOP/s against its tile size, beside naive C and the BLAS (exercise C)"
+# c.naive_ijk runs at about 1 GFLOP/s: 1024^3 would take seconds per repeat, so it is timed at
+# this size instead when the sweep's shape is larger (its speed hardly depends on size once
+# B is out of cache, which 512 already is for its column walk).
+NAIVE_IJK_MAX = 512
+
+
+def add_arguments(parser) -> None:
+    from ..cli import _shape_arg
+
+    parser.add_argument("--shape", type=_shape_arg, default=parse_shape(1024), metavar="SHAPE", help="N or MxNxK (default 1024)")
+    parser.add_argument("--tiles", nargs="+", type=int, default=[8, 16, 32, 64, 128, 256], metavar="TILE",
+                        help="tile sizes (default 8 16 32 64 128 256)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--threads", type=int, default=1, help="threads for c.packed and the BLAS (default 1)")
+    parser.add_argument("--min-time", type=float, default=0.2, help="seconds of timed runs per point (default 0.2)")
+
+
+def summarize(data: dict) -> str:
+    """Markdown: one row per tile size, then the reference lines."""
+    lines = ["| what | shape | GFLOP/s |", "|---|---|---:|"]
+    for row in data["sweep"]:
+        speed = f"{row['gflops']:.3g}" if "gflops" in row else row["status"]
+        lines.append(f"| `c.blocked` tile {row['tile']} | {row['shape']} | {speed} |")
+    for row in data["lines"]:
+        speed = f"{row['gflops']:.3g}" if "gflops" in row else row["status"]
+        lines.append(f"| `{row['implementation']}` | {row['shape']} | {speed} |")
+    return "\n".join(lines) + f"\n\nBest tile: {data['best_tile']}."
+
+
+def _blas_limits(threads: int):
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=threads)
+
+
+def _measure(name: str, shape: Shape, dtype: str, min_time: float, **options) -> dict:
+    impl = lookup(name)
+    entry = {"implementation": name, "shape": str(shape), "options": options}
+    reason = impl.unavailable_reason()
+    if reason:
+        return {**entry, "status": f"unavailable: {reason}"}
+    a, b = make_inputs(shape, dtype)
+    prepared = Matmul(impl, allow_slow=True, **options).prepare(a, b)
+    prepared.run()
+    outcome = check(prepared.result(), a, b, reference(a, b))
+    entry["max_abs_error"] = outcome.max_abs_error
+    if not outcome.passed:
+        return {**entry, "status": f"FAILED: {outcome.message}"}
+    timing = time_cpu(prepared.run, min_time=min_time)
+    return {**entry, "status": "ok", **timing.as_dict(), "gflops": shape.flops / timing.median_s / 1e9}
+
+
+def run(out_dir, shape=1024, tiles: Sequence[int] = (8, 16, 32, 64, 128, 256), dtype: str = "float32",
+        threads: int = 1, min_time: float = 0.2) -> dict:
+    """Time c.blocked at every tile size and the reference lines; write tile-sweep.json/.png."""
+    shape = parse_shape(shape)
+    tiles = [int(t) for t in tiles]
+    if not tiles or min(tiles) < 1:
+        raise ValueError(f"tile sizes must be >= 1, got {tiles}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    small = shape if shape.flops <= Shape(NAIVE_IJK_MAX, NAIVE_IJK_MAX, NAIVE_IJK_MAX).flops else \
+        Shape(*(min(d, NAIVE_IJK_MAX) for d in shape))
+
+    with _blas_limits(threads):
+        sweep = [{"tile": t, **_measure("c.blocked", shape, dtype, min_time, tile=t)} for t in tiles]
+        lines = [
+            _measure("c.naive_ikj", shape, dtype, min_time),
+            _measure("c.naive_ijk", small, dtype, min_time),
+            _measure("c.packed", shape, dtype, min_time, threads=threads),
+            _measure("numpy.matmul", shape, dtype, min_time),
+        ]
+    for row in sweep + lines:
+        label = f"tile {row['tile']:>4}" if "tile" in row else row["implementation"]
+        speed = f"{row['gflops']:8.2f} GFLOP/s" if "gflops" in row else row["status"]
+        print(f"{label:<14} {row['shape']:>16}  {speed}", flush=True)
+    ok = [row for row in sweep if row["status"] == "ok"]
+    best = max(ok, key=lambda row: row["gflops"]) if ok else None
+    print(f"best tile: {best['tile'] if best else None}", flush=True)
+    data = {
+        "experiment": NAME,
+        "description": "c.blocked GFLOP/s against tile size (exercise C), beside naive C, packed C and the BLAS",
+        "shape": str(shape),
+        "dtype": dtype,
+        "threads": threads,
+        "note": "c.blocked and the naive loops run on one thread; c.packed and numpy.matmul on `threads`",
+        "sweep": sweep,
+        "best_tile": best["tile"] if best else None,
+        "lines": lines,
+        "machine": machine.machine_info(),
+    }
+    (out_dir / f"{NAME}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    _plot(data, out_dir / f"{NAME}.png")
+    return data
+
+
+def _plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    points = [(row["tile"], row["gflops"]) for row in data["sweep"] if row["status"] == "ok"]
+    if points:
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="C0",
+                label=f"c.blocked ({data['shape']})")
+    styles = {"c.naive_ikj": ("C1", "--"), "c.naive_ijk": ("C2", ":"), "c.packed": ("C3", "-."), "numpy.matmul": ("C4", "-")}
+    for line in data["lines"]:
+        if line["status"] != "ok":
+            continue
+        color, style = styles.get(line["implementation"], ("gray", "--"))
+        at = "" if line["shape"] == data["shape"] else f" at {line['shape']}"
+        ax.axhline(line["gflops"], color=color, linestyle=style, label=f"{line['implementation']}{at}: {line['gflops']:.1f}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks([row["tile"] for row in data["sweep"]])
+    ax.set_xticklabels([str(row["tile"]) for row in data["sweep"]])
+    ax.set_xlabel("tile edge (elements): c.blocked cuts i, p and j into tiles of this size")
+    ax.set_ylabel("GFLOP/s (2*M*N*K / median time)")
+    cpu = data["machine"].get("cpu_model", "")
+    ax.set_title(f"tile sweep, {data['shape']} {data['dtype']}, {data['threads']} thread(s) - {cpu}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,94 @@
+"""Each experiment runs end to end at a small size, writes its JSON and plot, and reports
+numbers that follow from the definitions; the report gathers them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness.experiments import EXPERIMENTS
+from harness.report import write_report
+
+
+def _outputs(directory, name):
+    data = json.loads((directory / f"{name}.json").read_text())
+    assert (directory / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert data["machine"]["cpu_model"]
+    return data
+
+
+def test_loads_follow_the_one_over_t_law(tmp_path):
+    EXPERIMENTS["loads"].run(tmp_path, size=64, tiles=(4, 8, 16, 32))
+    data = _outputs(tmp_path, "loads")
+    for row in data["tiles"]:
+        assert row["elements_loaded"] == 2 * 64**3 // row["tile"]
+        assert row["naive_over_tiled"] == row["tile"]
+    pair = next(s for s in data["shared_memory"] if s["tile"] == 64 and s["dtype"] == "float32")
+    assert pair["bytes"] == 32 * 1024 and pair["fits_default_per_block"]
+
+
+def test_loop_orders_agree_and_explain(tmp_path):
+    EXPERIMENTS["loop-orders"].run(tmp_path, size=24)
+    data = _outputs(tmp_path, "loop-orders")
+    assert data["python_orders_agree"]
+    assert {r["implementation"] for r in data["python"]} == {"python.ijk", "python.ikj", "python.outer"}
+    assert {"c.naive_ijk", "c.naive_ikj", "c.blocked"} <= {r["implementation"] for r in data["c"]}
+    assert "ijk / ikj" in data["explanation"] and data["ratios"]["c_ijk_over_ikj"] > 0
+
+
+def test_association_counts_flops(tmp_path):
+    EXPERIMENTS["association"].run(tmp_path, size=256)
+    data = _outputs(tmp_path, "association")
+    assert data["flops"]["(A@B)@C"] == 4 * 256 * 256
+    assert data["flops"]["A@(B@C)"] == 2 * 256**3 + 2 * 256 * 256
+    assert data["results_agree"] and data["time_ratio"]["cpu"] > 1
+
+
+def test_tile_quantization_measures_each_m(tmp_path):
+    EXPERIMENTS["tile-quantization"].run(tmp_path, size=128, m=(7, 8, 9))
+    data = _outputs(tmp_path, "tile-quantization")
+    measured = [r for r in data["rows"] if "seconds" in r]
+    assert {r["m"] for r in measured} == {7, 8, 9}
+    assert {"numpy.matmul", "c.blocked"} <= {r["implementation"] for r in measured}
+
+
+def test_roofline_points_sit_under_the_roofs(tmp_path):
+    EXPERIMENTS["roofline"].run(tmp_path, cpu_gemm="96")
+    data = _outputs(tmp_path, "roofline")
+    roof = data["roofs"]["cpu"]
+    assert roof["bandwidth_gbps"] > 0 and roof["float32"] > 0
+    points = [p for p in data["points"] if "gflops" in p]
+    assert points and all(p["intensity"] > 0 for p in points)
+    gemv = next(p for p in points if p["implementation"] == "numpy.matmul" and p["shape"].startswith("1x"))
+    assert gemv["intensity"] < 1  # a GEMV sits on the bandwidth slope
+
+
+def test_gemv_bandwidth_is_a_fraction_of_the_peak(tmp_path):
+    EXPERIMENTS["gemv-bandwidth"].run(tmp_path, cpu_shapes=("1x512x512",))
+    data = _outputs(tmp_path, "gemv-bandwidth")
+    rows = [r for r in data["rows"] if "gbytes_per_s" in r]
+    assert rows and all(r["pct_of_peak"] > 0 for r in rows)
+
+
+def test_report_gathers_every_result(tmp_path):
+    EXPERIMENTS["loads"].run(tmp_path, size=32, tiles=(4, 8))
+    EXPERIMENTS["association"].run(tmp_path, size=128)
+    report = write_report(tmp_path).read_text()
+    assert "![loads](loads.png)" in report and "![association](association.png)" in report
+    assert "AMD" in report or "CPU:" in report
+
+
+def test_report_without_results_says_what_to_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="harness experiments"):
+        write_report(tmp_path)
+
+
+def test_experiment_command_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness", "loads", "--size", "32", "--tiles", "4", "8", "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "loads.json").is_file()
+    done = subprocess.run([sys.executable, "-m", "harness", "report", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0 and (tmp_path / "REPORT.md").is_file()

@@ -1,0 +1,42 @@
+"""Edited sources take effect: Python sources reload, a stale C library is rebuilt."""
+from __future__ import annotations
+
+import os
+import time
+
+from harness import clib, sources
+
+
+def test_python_source_reloads_after_an_edit(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "sources_root", lambda: tmp_path)
+    (tmp_path / "python").mkdir()
+    path = tmp_path / "python" / "edited.py"
+    path.write_text("VALUE = 1\n")
+    assert sources.load_python_source("python/edited.py").VALUE == 1
+    path.write_text("VALUE = 2\n")
+    later = time.time() + 5
+    os.utime(path, (later, later))  # a distinct mtime even on coarse-grained filesystems
+    assert sources.load_python_source("python/edited.py").VALUE == 2
+
+
+def test_c_library_is_stale_when_a_source_is_newer(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "CMakeLists.txt").write_text("")
+    source = tmp_path / "c" / "kernel.c"
+    source.write_text("")
+    library = tmp_path / "libmatmul.so"
+    assert clib._is_stale(library, tmp_path)  # missing
+    library.write_text("")
+    past = time.time() - 100
+    for path in (source, tmp_path / "CMakeLists.txt"):
+        os.utime(path, (past, past))
+    assert not clib._is_stale(library, tmp_path)
+    future = time.time() + 100
+    os.utime(source, (future, future))
+    assert clib._is_stale(library, tmp_path)
+
+
+def test_checkout_uses_checkout_sources():
+    assert sources.in_checkout()
+    assert (sources.sources_root() / "c" / "matmul.h").is_file()
+    assert "matmul_blocked_f32" in clib.cdef_text() and "#" not in clib.cdef_text()
