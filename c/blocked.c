@@ -17,9 +17,10 @@
  * The B tile is first copied into a contiguous buffer, like the CUDA tiled kernel's copy into
  * shared memory, so that its rows sit next to each other in the cache.
  *
- * Loop order: jj, pp, ii (tiles), then i, j-chunk, p inside a tile. Tiles narrower than CHUNK,
- * and the ragged last chunk of a tile, take the plain ikj loop: correct, just slower (that is
- * why tiny tiles lose in the tile-size sweep).
+ * Loop order: jj, pp, ii (tiles), then i, j-chunk, p inside a tile. Tiles narrower than the
+ * narrow chunk, and the ragged last columns of a tile, take the plain ikj loop: correct, just
+ * slower. Tiny tiles also lose because each chunk's p loop is only `tile` long: loading and
+ * storing the accumulators costs as much as the multiply-adds between them.
  *
  * What it does not do (that is packed SIMD's job, the next step): hold a 2-D block of C in
  * registers, pack A and B into contiguous panels, or size each block for a different cache.
@@ -31,19 +32,23 @@
 #include <string.h>
 #include "matmul.h"
 
-/* 256 bytes of C per accumulator: 64 floats or 32 doubles, i.e. 8 AVX2 registers (4 with
- * AVX-512). Eight independent FMA chains are enough to cover the FMA latency on two pipes.
+/* Chunks of C's row held in registers: 256 bytes (64 floats or 32 doubles, i.e. 8 AVX2
+ * registers, 4 with AVX-512: eight independent FMA chains cover the FMA latency on two pipes),
+ * then 64-byte chunks for tiles narrower than that, then a plain loop for the ragged rest.
  * (CMakeLists.txt turns off GCC's unroll-and-jam for this file: it would unroll the p loop
- * of chunk_update and move acc from registers to the stack.) */
-#define CHUNK_BYTES 256
+ * of the chunk update and move acc from registers to the stack.) */
+#define WIDE_CHUNK_BYTES 256
+#define NARROW_CHUNK_BYTES 64
 
 static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-#define DEFINE_BLOCKED(T, SUFFIX)                                                              \
-    /* C[i, j0:j0+CHUNK] += A[i, p0:p1] @ B[p0:p1, j0:j0+CHUNK], the chunk kept in registers. */ \
-    static inline void chunk_update_##SUFFIX(const T *restrict a_row, const T *restrict B,     \
-                                             T *restrict c, int64_t N, int64_t p0, int64_t p1) { \
-        enum { CHUNK = CHUNK_BYTES / sizeof(T) };                                              \
+/* NAME(a_row, B, c, N, p0, p1): C[i, j0:j0+CHUNK] += A[i, p0:p1] @ B[p0:p1, j0:j0+CHUNK], with
+ * a_row = A[i], B and c pointing at column j0. CHUNK is a compile-time constant, so the
+ * compiler keeps acc in vector registers across the whole p loop. */
+#define DEFINE_CHUNK_UPDATE(T, NAME, BYTES)                                                    \
+    static inline void NAME(const T *restrict a_row, const T *restrict B, T *restrict c,      \
+                            int64_t N, int64_t p0, int64_t p1) {                               \
+        enum { CHUNK = (BYTES) / sizeof(T) };                                                  \
         T acc[CHUNK];                                                                          \
         for (int j = 0; j < CHUNK; ++j) acc[j] = c[j];                                         \
         for (int64_t p = p0; p < p1; ++p) {                                                    \
@@ -52,11 +57,15 @@ static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
             for (int j = 0; j < CHUNK; ++j) acc[j] += a_ip * b[j];                             \
         }                                                                                      \
         for (int j = 0; j < CHUNK; ++j) c[j] = acc[j];                                         \
-    }                                                                                          \
+    }
+
+#define DEFINE_BLOCKED(T, SUFFIX)                                                              \
+    DEFINE_CHUNK_UPDATE(T, wide_chunk_##SUFFIX, WIDE_CHUNK_BYTES)                              \
+    DEFINE_CHUNK_UPDATE(T, narrow_chunk_##SUFFIX, NARROW_CHUNK_BYTES)                          \
                                                                                                \
     int matmul_blocked_##SUFFIX(const T *restrict A, const T *restrict B, T *restrict C,      \
                                 int64_t M, int64_t N, int64_t K, int64_t tile) {               \
-        enum { CHUNK = CHUNK_BYTES / sizeof(T) };                                              \
+        enum { WIDE = WIDE_CHUNK_BYTES / sizeof(T), NARROW = NARROW_CHUNK_BYTES / sizeof(T) };  \
         if (tile < 1) tile = 1;                                                                \
         if (M > 0 && N > 0) memset(C, 0, (size_t)M * (size_t)N * sizeof(T));                  \
         if (M == 0 || N == 0 || K == 0) return 0;                                              \
@@ -79,8 +88,10 @@ static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
                         T *restrict c_row = C + i * N + jj;                                    \
                         const int64_t depth = p_end - pp;                                      \
                         int64_t j0 = 0;                                                        \
-                        for (; j0 + CHUNK <= width; j0 += CHUNK)                               \
-                            chunk_update_##SUFFIX(a_row, b_tile + j0, c_row + j0, width, 0, depth); \
+                        for (; j0 + WIDE <= width; j0 += WIDE)                                 \
+                            wide_chunk_##SUFFIX(a_row, b_tile + j0, c_row + j0, width, 0, depth); \
+                        for (; j0 + NARROW <= width; j0 += NARROW)                             \
+                            narrow_chunk_##SUFFIX(a_row, b_tile + j0, c_row + j0, width, 0, depth); \
                         for (int64_t p = 0; p < depth && j0 < width; ++p) { /* ragged rest */  \
                             const T a_ip = a_row[p];                                           \
                             const T *restrict b_row = b_tile + p * width;                      \
