@@ -235,14 +235,18 @@ DEFINE_PACK_A(double, f64)
  * Type-agnostic: rows are copied as bytes. */
 static void pack_b(const char *B, int64_t N, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
                    int64_t nr, size_t es, char *restrict out) {
-    for (int64_t jr = 0; jr < nc; jr += nr) {
-        const size_t used = (size_t)min_i64(nr, nc - jr) * es, row_bytes = (size_t)nr * es;
-        const char *src = B + ((size_t)p0 * (size_t)N + (size_t)(j0 + jr)) * es;
-        for (int64_t p = 0; p < kc; ++p) {
-            memcpy(out, src, used);
-            if (used < row_bytes) memset(out + used, 0, row_bytes - used);
-            src += (size_t)N * es;
-            out += row_bytes;
+    /* Row by row of B, so B is read with unit stride (a sliver-by-sliver walk would read 64
+     * bytes per row, each on a new page); each row segment is scattered over the slivers. */
+    const size_t row_bytes = (size_t)nr * es, sliver_bytes = (size_t)kc * row_bytes;
+    for (int64_t p = 0; p < kc; ++p) {
+        const char *src = B + ((size_t)(p0 + p) * (size_t)N + (size_t)j0) * es;
+        char *dst = out + (size_t)p * row_bytes;
+        for (int64_t jr = 0; jr < nc; jr += nr) {
+            const size_t used = (size_t)min_i64(nr, nc - jr) * es;
+            memcpy(dst, src, used);
+            if (used < row_bytes) memset(dst + used, 0, row_bytes - used);
+            src += used;
+            dst += sliver_bytes;
         }
     }
 }
@@ -329,6 +333,29 @@ static int64_t online_cores(void) {
     return n > 0 ? n : 1;
 }
 
+/* ---- fewer rows than one register tile: no packing ------------------------------------ */
+
+/* With M < MR (a GEMV when M = 1) each element of B feeds fewer than MR multiply-adds, so
+ * packing B (read it, write a copy, read the copy again) costs more than the product. Stream B
+ * once instead, one row of B at a time updating every row of C (C stays in cache), in the unit
+ * stride order of naive.c's ikj loop, which the compiler vectorizes. One thread: the product is
+ * bound by memory bandwidth, and the result is the same for every thread count. */
+#define DEFINE_SKINNY(T, SUFFIX)                                                                \
+    static void skinny_##SUFFIX(const T *restrict A, const T *restrict B, T *restrict C,        \
+                                int64_t M, int64_t N, int64_t K) {                              \
+        memset(C, 0, (size_t)M * (size_t)N * sizeof(T));                                        \
+        for (int64_t p = 0; p < K; ++p) {                                                       \
+            const T *restrict b_row = B + p * N;                                                \
+            for (int64_t i = 0; i < M; ++i) {                                                   \
+                const T a_ip = A[i * K + p];                                                    \
+                T *restrict c_row = C + i * N;                                                  \
+                for (int64_t j = 0; j < N; ++j) c_row[j] += a_ip * b_row[j];                    \
+            }                                                                                   \
+        }                                                                                       \
+    }
+DEFINE_SKINNY(float, f32)
+DEFINE_SKINNY(double, f64)
+
 static int packed_matmul(const void *A, const void *B, void *C, int64_t M, int64_t N, int64_t K,
                          int64_t threads, int64_t variant, size_t es) {
     if (M < 0 || N < 0 || K < 0) return PACKED_ERR_ARGUMENT;
@@ -337,6 +364,13 @@ static int packed_matmul(const void *A, const void *B, void *C, int64_t M, int64
     if (M == 0 || N == 0) return PACKED_OK;
     if (K == 0) { /* an empty sum: C = 0, as NumPy gives */
         memset(C, 0, (size_t)M * (size_t)N * es);
+        return PACKED_OK;
+    }
+    if (M < kernel->mr) {
+        if (es == sizeof(float))
+            skinny_f32(A, B, C, M, N, K);
+        else
+            skinny_f64(A, B, C, M, N, K);
         return PACKED_OK;
     }
     const struct blocking blk = derive_blocking(kernel, es);

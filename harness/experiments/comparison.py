@@ -35,13 +35,24 @@ def run(out_dir, shapes=None, threads: int = 1) -> dict:
 
 
 def summarize(data: dict) -> str:
+    """The rows that ran, as a table; the rest grouped by implementation with the reason."""
     lines = ["| implementation | device | shape | dtype | median | GFLOP/s | % peak | vs baseline | status |",
              "|---|---|---|---|---:|---:|---:|---:|---|"]
+    not_run: dict[str, list[str]] = {}
     for r in data["results"]:
+        if r["status"].startswith(("skipped", "unavailable")):
+            not_run.setdefault(r["implementation"], []).append(f"{r['shape']} {r['dtype']}: {r['status']}")
+            continue
         median = f"{r['median_s'] * 1e3:.3g} ms" if r.get("median_s") else ""
         gflops = f"{r['gflops']:.3g}" if r.get("gflops") else ""
         peak = f"{r['peak_pct']:.1f}%" if r.get("peak_pct") else ""
         speedup = f"{r['speedup']:.3g}x" if r.get("speedup") else ""
         status = r["status"] if r.get("mode", "native") == "native" else f"{r['status']} ({r['mode']}, not timed)"
         lines.append(f"| `{r['implementation']}` | {r['device']} | {r['shape']} | {r['dtype']} | {median} | {gflops} | {peak} | {speedup} | {status.replace('|', '/')} |")
+    if not_run:
+        lines += ["", "Not run here:", ""]
+        for name, reasons in not_run.items():
+            shapes = ", ".join(reason.split(":", 1)[0] for reason in reasons)
+            first = reasons[0].split(": ", 1)[1]  # the others differ only in the shape they name
+            lines.append(f"- `{name}` at {shapes}. {first[0].upper()}{first[1:]}")
     return "\n".join(lines)
