@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from . import registry
+from .core import run_mode
 from .inputs import parse_shape
 
 
@@ -45,8 +46,13 @@ def implementation_table(markdown: bool = False) -> str:
         table.add_column(header)
     for impl in impls:
         reason = impl.unavailable_reason()
+        if reason is None:
+            mode = run_mode(impl)
+            available = "yes" if mode == "native" else f"yes, {mode} on the CPU (checked, not timed)"
+        else:
+            available = f"no: {reason}"
         table.add_row(impl.name, impl.language, impl.device, impl.operation, ", ".join(impl.dtypes),
-                      impl.source or "", "yes" if reason is None else f"no: {reason}")
+                      impl.source or "", available)
     console = Console(file=io.StringIO(), width=200, color_system=None)
     console.print(table)
     return console.file.getvalue()

@@ -121,7 +121,8 @@ class Results:
         return path
 
     def plot(self, path, title: str | None = None) -> Path:
-        """GFLOP/s against problem size, one line per implementation and dtype."""
+        """GFLOP/s against problem size, one line per implementation and dtype; GEMV shapes
+        (M = 1), which no size axis orders sensibly, get a panel of their own in GB/s."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -129,29 +130,46 @@ class Results:
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig, ax = plt.subplots(figsize=(9, 5.5))
-        series: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
-        for row in self.rows:
-            if row.gflops is None:
-                continue
-            shape = parse_shape(row.shape)
-            size = (shape.m * shape.n * shape.k) ** (1 / 3)  # geometric mean edge: one x axis for any shape
-            series.setdefault((row.implementation, row.dtype), []).append((size, row.gflops, row.shape))
-        several_dtypes = len({dtype for _, dtype in series}) > 1
-        for (name, dtype), points in series.items():
-            points.sort()
-            label = f"{name} ({dtype})" if several_dtypes else name
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("problem size (cube root of M*N*K)")
-        ax.set_ylabel("GFLOP/s (2*M*N*K / median time)")
+        timed = [row for row in self.rows if row.gflops is not None]
+        gemv = [row for row in timed if parse_shape(row.shape).m == 1]
+        gemm = [row for row in timed if parse_shape(row.shape).m != 1]
+        panels = 2 if gemv and gemm else 1
+        fig, axes = plt.subplots(1, panels, figsize=(9 + 5 * (panels - 1), 5.5), squeeze=False,
+                                 gridspec_kw={"width_ratios": [9, 5][:panels]})
+        several_dtypes = len({row.dtype for row in timed}) > 1
+
+        def label(row):
+            return f"{row.implementation} ({row.dtype})" if several_dtypes else row.implementation
+
         cpu = self.machine.get("cpu_model", "")
         threads = self.settings.get("threads")
-        ax.set_title(title or f"matmul GFLOP/s - {cpu}" + (f", {threads} thread(s)" if threads else ""), fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        if series:
-            ax.legend(fontsize=8, loc="best")
+        heading = title or f"matmul - {cpu}" + (f", {threads} thread(s)" if threads else "")
+        if gemm or not gemv:
+            ax = axes[0][0]
+            series: dict[str, list[tuple[float, float]]] = {}
+            for row in gemm:
+                shape = parse_shape(row.shape)
+                size = (shape.m * shape.n * shape.k) ** (1 / 3)  # geometric mean edge: one x axis for any shape
+                series.setdefault(label(row), []).append((size, row.gflops))
+            for name, points in series.items():
+                points.sort()
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("problem size (cube root of M*N*K)")
+            ax.set_ylabel("GFLOP/s (2*M*N*K / median time)")
+            ax.set_title(heading, fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
+            if series:
+                ax.legend(fontsize=8, loc="best")
+        if gemv:
+            ax = axes[0][panels - 1]
+            names = [f"{label(row)} {row.shape}" for row in gemv]
+            ax.barh(names, [row.gbytes_per_s for row in gemv], color="tab:orange")
+            ax.invert_yaxis()
+            ax.set_xlabel("GB/s (matrix, vector and result, once each)")
+            ax.set_title("GEMV shapes (M = 1): a bandwidth problem" if gemm else heading, fontsize=10)
+            ax.tick_params(axis="y", labelsize=7)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)

@@ -85,21 +85,12 @@ def _agree(x: np.ndarray, y: np.ndarray, size: int) -> bool:
 def _gpu_rows(a, b, c, counts) -> list[dict]:
     import torch
 
+    from ..backends.torch_gpu import time_cuda  # CUDA events, L2 flushed, as every GPU row
+
     ta, tb, tc = (torch.from_numpy(x).cuda() for x in (a, b, c))
     rows = []
     for label, function in (("(A@B)@C", lambda: (ta @ tb) @ tc), ("A@(B@C)", lambda: ta @ (tb @ tc))):
-        for _ in range(3):
-            function()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        samples = []
-        for _ in range(10):
-            start.record()
-            function()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-        seconds = float(np.median(samples))
+        seconds = time_cuda(function, min_time=0.3).median_s
         rows.append({"order": label, "device": "gpu", "library": "torch (cuBLAS)", "flops": counts[label],
                      "seconds": seconds, "gflops": counts[label] / seconds / 1e9})
     return rows

@@ -145,22 +145,15 @@ def cpu_bandwidth_gbps(megabytes: int = 256, repeats: int = 5) -> float:
     return 2 * source.nbytes / best / 1e9
 
 
-# Datasheet figures for GPUs whose peaks the device cannot report (dense, no sparsity).
-GPU_PEAKS = {
-    "H200": {"float32": 67e3, "bfloat16": 989e3, "float16": 989e3, "bandwidth_gbps": 4800},
-    "H100": {"float32": 67e3, "bfloat16": 989e3, "float16": 989e3, "bandwidth_gbps": 3350},
-    "A100": {"float32": 19.5e3, "bfloat16": 312e3, "float16": 312e3, "bandwidth_gbps": 2039},
-}
-
-
 def gpu_peaks() -> dict | None:
-    """GFLOP/s per dtype and GB/s of the GPU at hand, from its datasheet; None if unknown."""
+    """GFLOP/s per dtype and GB/s of the GPU at hand (the datasheet table the GPU adapters
+    use); None without a GPU or for a GPU the table does not know."""
     if not gpu_present():
         return None
-    import torch
+    from ..backends import torch_gpu
 
-    name = torch.cuda.get_device_name(0)
-    for key, peaks in GPU_PEAKS.items():
-        if key in name:
-            return {"device": name, **peaks}
-    return None
+    peaks = torch_gpu.device_peaks()
+    if not peaks:
+        return None
+    return {"device": torch_gpu.device_name(), "bandwidth_gbps": peaks["bandwidth"],
+            **{dtype: peaks[dtype] for dtype in ("float32", "bfloat16", "float16")}}

@@ -67,7 +67,7 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
 
     plt = pyplot()
     panels = [d for d in ("cpu", "gpu") if d in roofs]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(10 * len(panels), 5.5), squeeze=False)
     for axis, device in zip(axes[0], panels):
         roof = roofs[device]
         xs = [2.0**e for e in range(-4, 12)]
@@ -75,18 +75,18 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
             if roof.get(dtype):
                 axis.plot(xs, [min(roof[dtype], x * roof["bandwidth_gbps"]) for x in xs], "k" + style, linewidth=1,
                           label=f"roof {dtype}")
-        for point in points:
-            if point.get("device") == device and "gflops" in point:
-                axis.scatter(point["intensity"], point["gflops"], s=30)
-                axis.annotate(f"{point['implementation']} {point['shape']}" + ("" if point["dtype"] == "float32" else f" {point['dtype']}"),
-                              (point["intensity"], point["gflops"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        markers = "osD^v<>pPX*h"
+        mine = [p for p in points if p.get("device") == device and "gflops" in p]
+        for index, point in enumerate(mine):
+            name = f"{point['implementation']} {point['shape']}" + ("" if point["dtype"] == "float32" else f" {point['dtype']}")
+            axis.scatter(point["intensity"], point["gflops"], s=36, marker=markers[index % len(markers)], label=name)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.set_xlabel("arithmetic intensity (FLOP per byte of A, B and C)")
         axis.set_ylabel("GFLOP/s")
         axis.set_title(f"{device.upper()}: {roof['device']}", fontsize=9)
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=8, loc="lower right")
+        axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return write(out_dir, NAME, {"roofs": roofs, "points": points}, fig)
 

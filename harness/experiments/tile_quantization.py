@@ -43,29 +43,38 @@ def run(out_dir, size: int = 4096, m=M_VALUES) -> dict:
                 entry.update(m=rows_m, device=device)
                 rows.append(entry)
 
+    data = {"size": size, "m_values": list(m), "rows": rows}
+    return write(out_dir, NAME, data, figure(data))
+
+
+def figure(data: dict):
+    """Time and GFLOP/s against M, the M values evenly spaced (they cluster around 128 and 256)."""
     plt = pyplot()
-    series = sorted({(r["implementation"], r["dtype"]) for r in rows if "seconds" in r})
+    m_values, size = data["m_values"], data["size"]
+    position = {m: i for i, m in enumerate(m_values)}
+    series = sorted({(r["implementation"], r["dtype"]) for r in data["rows"] if "seconds" in r})
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     for name, dtype in series:
-        points = sorted((r["m"], r["seconds"], r["gflops"]) for r in rows
+        points = sorted((r["m"], r["seconds"], r["gflops"]) for r in data["rows"]
                         if r["implementation"] == name and r["dtype"] == dtype and "seconds" in r)
         label = f"{name} ({dtype})"
-        left.plot([p[0] for p in points], [p[1] * 1e3 for p in points], "o-", label=label)
-        right.plot([p[0] for p in points], [p[2] for p in points], "o-", label=label)
+        left.plot([position[p[0]] for p in points], [p[1] * 1e3 for p in points], "o-", label=label)
+        right.plot([position[p[0]] for p in points], [p[2] for p in points], "o-", label=label)
     for axis in (left, right):
-        for boundary in (128, 256):
-            axis.axvline(boundary + 0.5, color="grey", linestyle=":", linewidth=1)
-        axis.set_xlabel("M")
-        axis.set_xticks(list(m))
+        for i in range(1, len(m_values)):  # a dotted line wherever M crosses a multiple of 128
+            if m_values[i - 1] // 128 != (m_values[i] - 1) // 128 or m_values[i - 1] % 128 == 0:
+                axis.axvline(i - 0.5, color="grey", linestyle=":", linewidth=1)
+        axis.set_xticks(range(len(m_values)), [str(m) for m in m_values])
+        axis.set_xlabel("M (dotted: a multiple of 128 crossed)")
     left.set_yscale("log")
     left.set_ylabel("ms (log scale)")
     left.set_title(f"time of (M, {size}) @ ({size}, {size})")
     right.set_yscale("log")
     right.set_ylabel("GFLOP/s")
-    right.set_title("throughput: dips just past a multiple of the tile")
+    right.set_title("throughput: a tiled GPU kernel dips just past a multiple of its tile")
     right.legend(fontsize=8)
     fig.tight_layout()
-    return write(out_dir, NAME, {"size": size, "m_values": list(m), "rows": rows}, fig)
+    return fig
 
 
 def summarize(data: dict) -> str:
