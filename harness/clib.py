@@ -30,7 +30,7 @@ _build_lock = threading.Lock()
 
 
 @contextmanager
-def _interprocess_lock(build_dir: Path):
+def interprocess_lock(build_dir: Path):
     """Serialise builds across processes (pytest workers, a second shell) on one build dir."""
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -109,7 +109,7 @@ def library_path() -> Path:
         return Path(override)
     if sources.in_checkout():
         library = checkout_build_dir() / _library_filename()
-        with _build_lock, _interprocess_lock(checkout_build_dir()):
+        with _build_lock, interprocess_lock(checkout_build_dir()):
             if _is_stale(library, sources.sources_root()):
                 build_in_checkout()
         return library

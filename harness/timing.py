@@ -21,6 +21,16 @@ class Timing:
     spread: float      # (75th - 25th percentile) / median
     repeats: int
 
+    @classmethod
+    def from_samples(cls, samples: list[float]) -> "Timing":
+        median = statistics.median(samples)
+        if len(samples) >= 4:
+            quartiles = statistics.quantiles(samples, n=4)
+            spread = (quartiles[2] - quartiles[0]) / median if median > 0 else 0.0
+        else:
+            spread = (max(samples) - min(samples)) / median if median > 0 else 0.0
+        return cls(median, min(samples), max(samples), spread, len(samples))
+
     def as_dict(self) -> dict:
         return {
             "median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s,
@@ -39,10 +49,4 @@ def time_cpu(run, min_time: float = 0.2, min_repeats: int = 3, max_repeats: int 
         elapsed = time.perf_counter() - start
         samples.append(elapsed)
         total += elapsed
-    median = statistics.median(samples)
-    if len(samples) >= 4:
-        quartiles = statistics.quantiles(samples, n=4)
-        spread = (quartiles[2] - quartiles[0]) / median if median > 0 else 0.0
-    else:
-        spread = (max(samples) - min(samples)) / median if median > 0 else 0.0
-    return Timing(median, min(samples), max(samples), spread, len(samples))
+    return Timing.from_samples(samples)

@@ -33,7 +33,6 @@ import shutil
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import sources
+from ..clib import interprocess_lock
 from ..core import Implementation
 from ..inputs import Shape, dtype_name
 from . import torch_gpu
@@ -197,22 +197,6 @@ def translation_unit(source: Path, kernels: list[str], main: str = "") -> str:
     )
 
 
-@contextmanager
-def _file_lock(directory: Path):
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # no flock: builds are serialised within this process only
-        yield
-        return
-    with open(directory / ".build.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 _build_lock = threading.Lock()
 
 
@@ -240,7 +224,7 @@ def build_emulation(relative: str, variant: str = "fibers", sanitize: str | None
     out_dir = emu_build_dir()
     stem = f"{path.stem}{'-' + tag if tag else ''}-{variant}{'-' + sanitize if sanitize else ''}-{key}"
     output = out_dir / (stem + ("" if executable else ".so"))
-    with _build_lock, _file_lock(out_dir):
+    with _build_lock, interprocess_lock(out_dir):
         if output.is_file():
             return output
         kernels = kernel_names(text)

@@ -9,7 +9,6 @@ BF16/FP16 (the hand kernels accumulate in FP32 all the way).
 """
 from __future__ import annotations
 
-import statistics
 from functools import lru_cache
 
 import numpy as np
@@ -135,13 +134,7 @@ def time_cuda(launch, min_time: float = 0.2, min_repeats: int = 5, max_repeats: 
         seconds = start.elapsed_time(end) / 1e3
         samples.append(seconds)
         total += seconds
-    median = statistics.median(samples)
-    if len(samples) >= 4:
-        quartiles = statistics.quantiles(samples, n=4)
-        spread = (quartiles[2] - quartiles[0]) / median if median > 0 else 0.0
-    else:
-        spread = (max(samples) - min(samples)) / median if median > 0 else 0.0
-    return Timing(median, min(samples), max(samples), spread, len(samples))
+    return Timing.from_samples(samples)
 
 
 def exact_cublas_settings() -> None:
