@@ -54,4 +54,22 @@ extern const struct packed_kernel packed_avx2_f32, packed_avx2_f64;
 extern const struct packed_kernel packed_avx512_f32, packed_avx512_f64;
 #endif
 
+/* packed_store_edge_f32 / _f64: write back the m x n part (inside C) of a register tile that
+ * a kernel has stored to `tile` (row stride nr), as C = tile or C += tile. Every micro-kernel
+ * ends an edge tile this way, so no byte outside the matrix is read or written. */
+#define PACKED_DEFINE_STORE_EDGE(T, SUFFIX)                                                      \
+    static inline void packed_store_edge_##SUFFIX(const T *tile, int64_t nr, T *C, int64_t ldc, \
+                                                  int64_t m, int64_t n, int accumulate) {        \
+        for (int64_t i = 0; i < m; ++i) {                                                        \
+            T *row = C + i * ldc;                                                                \
+            const T *values = tile + i * nr;                                                     \
+            if (accumulate)                                                                      \
+                for (int64_t j = 0; j < n; ++j) row[j] += values[j];                             \
+            else                                                                                 \
+                for (int64_t j = 0; j < n; ++j) row[j] = values[j];                              \
+        }                                                                                        \
+    }
+PACKED_DEFINE_STORE_EDGE(float, f32)
+PACKED_DEFINE_STORE_EDGE(double, f64)
+
 #endif

@@ -81,13 +81,7 @@ AVX2 static void kernel_f32(int64_t kc, const void *Ap_, const void *Bp_, void *
     for (int i = 0; i < MR_S; ++i)
 #pragma GCC unroll 4
         for (int v = 0; v < NV_S; ++v) _mm256_store_ps(&tile[i][8 * v], c[i][v]);
-    for (int64_t i = 0; i < m; ++i) {
-        float *row = C + i * ldc;
-        if (accumulate)
-            for (int64_t j = 0; j < n; ++j) row[j] += tile[i][j];
-        else
-            for (int64_t j = 0; j < n; ++j) row[j] = tile[i][j];
-    }
+    packed_store_edge_f32(&tile[0][0], NR_S, C, ldc, m, n, accumulate);
 }
 
 AVX2 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void *C_, int64_t ldc,
@@ -142,13 +136,7 @@ AVX2 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void *
     for (int i = 0; i < MR_D; ++i)
 #pragma GCC unroll 4
         for (int v = 0; v < NV_D; ++v) _mm256_store_pd(&tile[i][4 * v], c[i][v]);
-    for (int64_t i = 0; i < m; ++i) {
-        double *row = C + i * ldc;
-        if (accumulate)
-            for (int64_t j = 0; j < n; ++j) row[j] += tile[i][j];
-        else
-            for (int64_t j = 0; j < n; ++j) row[j] = tile[i][j];
-    }
+    packed_store_edge_f64(&tile[0][0], NR_D, C, ldc, m, n, accumulate);
 }
 
 const struct packed_kernel packed_avx2_f32 = {MR_S, NR_S, kernel_f32};

@@ -25,7 +25,7 @@
                                 int64_t ldc, int64_t m, int64_t n, int accumulate) {          \
         const T *restrict a = (const T *)Ap_;                                                 \
         const T *restrict b = (const T *)Bp_;                                                 \
-        T *restrict C = (T *)C_;                                                              \
+        T *C = (T *)C_;                                                                       \
         T c[MR][NR] = {{0}};                                                                  \
         for (int64_t p = 0; p < kc; ++p) {                                                    \
             for (int i = 0; i < MR; ++i)                                                      \
@@ -33,13 +33,7 @@
             a += MR;                                                                          \
             b += NR;                                                                          \
         }                                                                                     \
-        for (int64_t i = 0; i < m; ++i) {                                                     \
-            T *row = C + i * ldc;                                                             \
-            if (accumulate)                                                                   \
-                for (int64_t j = 0; j < n; ++j) row[j] += c[i][j];                            \
-            else                                                                              \
-                for (int64_t j = 0; j < n; ++j) row[j] = c[i][j];                             \
-        }                                                                                     \
+        packed_store_edge_##SUFFIX(&c[0][0], NR, C, ldc, m, n, accumulate);                 \
     }                                                                                         \
     const struct packed_kernel packed_portable_##SUFFIX = {MR, NR, kernel_##SUFFIX};
 

@@ -189,7 +189,7 @@ def _format_time(seconds) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def _blas_limits(threads: int | None):
+def blas_limits(threads: int | None):
     """Pin the BLAS (and OpenMP) thread pools for the timed region."""
     if threads is None:
         return nullcontext()
@@ -272,7 +272,7 @@ def _measure(impl, shape, dtype, a, b, ref, threads, min_time, allow_slow, impl_
         row.threads = threads if impl.baseline else 1
     try:
         matmul = Matmul(impl, allow_slow=allow_slow, **run_options)
-        with _blas_limits(threads):
+        with blas_limits(threads):
             prepared = matmul.prepare(a, b)
             row.mode = prepared.mode
             prepared.run()

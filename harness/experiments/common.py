@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import machine
 from ..checking import check
+from ..compare import blas_limits
 from ..core import Matmul, MatmulInputError, UnavailableError, check_problem
 from ..inputs import parse_shape
 from ..registry import lookup
@@ -30,10 +31,8 @@ def measure(name: str, a: np.ndarray, b: np.ndarray, min_time: float = 0.2, thre
         return {**entry, "skipped": f"unavailable: {reason}"}
     if impl.threaded and threads is not None:
         options.setdefault("threads", threads)
-    from threadpoolctl import threadpool_limits
-
     try:
-        with threadpool_limits(limits=threads) if threads else _null():
+        with blas_limits(threads):
             prepared = Matmul(impl, **options).prepare(a, b)
             prepared.run()
             outcome = check(prepared.result(), a, b)
@@ -52,14 +51,6 @@ def measure(name: str, a: np.ndarray, b: np.ndarray, min_time: float = 0.2, thre
         "gbytes_per_s": (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n) * a.dtype.itemsize / seconds / 1e9,
         "threads": options.get("threads", threads),
     }
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def timed_once(function) -> tuple[float, object]:

@@ -19,6 +19,7 @@ from typing import Sequence
 
 from .. import machine
 from ..checking import check, reference
+from ..compare import blas_limits
 from ..core import Matmul
 from ..inputs import Shape, make_inputs, parse_shape
 from ..registry import lookup
@@ -55,12 +56,6 @@ def summarize(data: dict) -> str:
     return "\n".join(lines) + f"\n\nBest tile: {data['best_tile']}."
 
 
-def _blas_limits(threads: int):
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=threads)
-
-
 def _measure(name: str, shape: Shape, dtype: str, min_time: float, **options) -> dict:
     impl = lookup(name)
     entry = {"implementation": name, "shape": str(shape), "options": options}
@@ -92,7 +87,7 @@ def run(out_dir, shape=1024, tiles: Sequence[int] = (8, 16, 32, 64, 128, 256), d
     small = shape if shape.flops <= Shape(NAIVE_IJK_MAX, NAIVE_IJK_MAX, NAIVE_IJK_MAX).flops else \
         Shape(*(min(d, NAIVE_IJK_MAX) for d in shape))
 
-    with _blas_limits(threads):
+    with blas_limits(threads):
         sweep = [{"tile": t, **_measure("c.blocked", shape, dtype, min_time, tile=t)} for t in tiles]
         lines = [
             _measure("c.naive_ikj", shape, dtype, min_time),
