@@ -1,4 +1,4 @@
-"""Command line: ``python -m harness list`` and ``python -m harness compare``."""
+"""Command line: ``python -m harness list``, ``compare``, ``cuda-info``, ``verdicts``, the experiments."""
 from __future__ import annotations
 
 import argparse
@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     everything = commands.add_parser("experiments", help="run every experiment, then write the report")
     everything.add_argument("--out", default="out", metavar="DIR")
     everything.add_argument("--only", nargs="+", choices=list(EXPERIMENTS), metavar="NAME", help="a subset, by name")
+    verdicts = commands.add_parser("verdicts", help="judge the GPU speed targets from comparison JSON files")
+    verdicts.add_argument("json_files", nargs="+", metavar="JSON")
     reporting = commands.add_parser("report", help="gather the experiments' JSON and plots in DIR into DIR/REPORT.md")
     reporting.add_argument("directory", nargs="?", default="out")
 
@@ -128,6 +130,10 @@ def main(argv=None) -> int:
             sys.stderr.write(f"{error}\n")
             return 1
         return 0
+    if args.command == "verdicts":
+        from .verdicts import main as judge
+
+        return judge(args.json_files)
     if args.command == "list":
         sys.stdout.write(implementation_table(args.markdown))
         return 0

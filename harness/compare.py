@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from . import machine
 from .checking import check, reference
 from .core import Matmul, MatmulInputError, check_problem
@@ -33,6 +35,7 @@ class Row:
     dtype: str
     status: str           # "ok", "FAILED: ...", "skipped: ...", "unavailable: ...", "error: ..."
     mode: str = "native"  # native, emulated, interpreted
+    loader: str | None = None  # what loaded a compiled GPU kernel (pycuda, cupy, emulation)
     median_s: float | None = None
     min_s: float | None = None
     spread: float | None = None
@@ -237,23 +240,75 @@ def compare(
     bar = _progress_bar(len(tasks)) if progress else None
     with (bar or nullcontext()):
         task_id = bar.add_task("comparing", total=len(tasks)) if bar else None
-        references: dict[tuple[Shape, str], tuple] = {}
+        current: tuple[Shape, str] | None = None
         for shape, dtype, impl in tasks:
             if bar:
                 bar.update(task_id, description=f"{impl.name} {shape} {dtype}")
-            if (shape, dtype) not in references:
-                a, b = make_inputs(shape, dtype, seed)
-                references[(shape, dtype)] = (a, b, reference(a, b))
-            a, b, ref = references[(shape, dtype)]
-            rows.append(_measure(impl, shape, dtype, a, b, ref, threads, min_time, allow_slow, options.get(impl.name, {})))
+            if current != (shape, dtype):
+                # Inputs and reference once per shape and dtype (tasks are ordered so), made
+                # when a row first needs them, and only the current ones held: at 8192^2 each
+                # set is over a gigabyte, and a shape nothing can run needs neither.
+                current = (shape, dtype)
+                problem = _Problem(shape, dtype, seed, [impl.device for impl in chosen])
+            rows.append(_measure(impl, problem, threads, min_time, allow_slow, options.get(impl.name, {})))
             if bar:
                 bar.advance(task_id)
     _fill_speedups(rows)
     settings = {"threads": threads, "min_time_s": min_time, "seed": seed, "shape_order": "MxNxK"}
-    return Results(rows, machine.machine_info(), settings)
+    info = machine.machine_info()
+    if any(row.device == "gpu" and row.timed for row in rows):
+        info["gpu"] = _gpu_info()
+    return Results(rows, info, settings)
 
 
-def _measure(impl, shape, dtype, a, b, ref, threads, min_time, allow_slow, impl_options) -> Row:
+# Above this many FLOPs, and with a GPU among the implementations, the float64 reference is
+# computed on the GPU: NumPy's float64 product of 8192^3 takes seconds on the host.
+GPU_REFERENCE_MIN_FLOPS = 2 * 1024**3
+
+
+def reference_for(a: np.ndarray, b: np.ndarray, devices) -> np.ndarray:
+    """The float64 reference of ``a @ b``: on the GPU when GPU implementations will be
+    checked against it, a GPU is here and the problem is big; else NumPy's on the host."""
+    from . import gpu
+
+    flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    if flops >= GPU_REFERENCE_MIN_FLOPS and "gpu" in devices and gpu.available():
+        return gpu.reference(a, b)
+    return reference(a, b)
+
+
+def _gpu_info() -> dict:
+    """The device, and its memory roof measured now beside the datasheet's (GEMV rows are
+    scored against both)."""
+    from . import gpu
+
+    info = gpu.device_info()
+    info["copy_bandwidth_gbps"] = round(gpu.copy_bandwidth_gbps(), 1)
+    return info
+
+
+class _Problem:
+    """One shape and dtype of a comparison: its inputs and float64 reference, made on first use."""
+
+    def __init__(self, shape: Shape, dtype: str, seed: int, devices: list[str]):
+        self.shape, self.dtype, self.seed, self.devices = shape, dtype, seed, devices
+        self._inputs = self._reference = None
+
+    @property
+    def inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._inputs is None:
+            self._inputs = make_inputs(self.shape, self.dtype, self.seed)
+        return self._inputs
+
+    @property
+    def reference(self) -> np.ndarray:
+        if self._reference is None:
+            self._reference = reference_for(*self.inputs, self.devices)
+        return self._reference
+
+
+def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_options) -> Row:
+    shape, dtype = problem.shape, problem.dtype
     row = Row(impl.name, impl.language, impl.device, str(shape), dtype, status="ok")
     try:
         check_problem(impl, shape, dtype, allow_slow)
@@ -273,10 +328,12 @@ def _measure(impl, shape, dtype, a, b, ref, threads, min_time, allow_slow, impl_
     try:
         matmul = Matmul(impl, allow_slow=allow_slow, **run_options)
         with blas_limits(threads):
+            a, b = problem.inputs
             prepared = matmul.prepare(a, b)
             row.mode = prepared.mode
+            row.loader = getattr(prepared, "loader", None)
             prepared.run()
-            outcome = check(prepared.result(), a, b, ref)
+            outcome = check(prepared.result(), a, b, problem.reference)
             row.max_abs_error = outcome.max_abs_error
             if not outcome.passed:
                 row.status = f"FAILED: {outcome.message}"

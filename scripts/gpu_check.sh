@@ -1,131 +1,246 @@
 #!/usr/bin/env bash
-# Every GPU check of the project on a GPU machine, offline: install PyCUDA (and cffi) from files
-# carried beside the repository, run the CUDA and Triton GPU tests, run the GPU comparisons and
-# the GPU half of the experiments, writing JSON, plots and a report to OUT_DIR.
+# Every GPU check of the project, as one command with a hard deadline, on a GPU machine that
+# may have no network and no PyCUDA:
 #
-#   scripts/gpu_check.sh OUT_DIR [WHEELS_DIR]
+#   scripts/gpu_check.sh OUT_DIR
 #
-# WHEELS_DIR (what scripts/prepare_gpu_wheels.sh made) defaults to $MATMUL_GPU_WHEELS, else
-# gpu-wheels/ beside the repository, else build/gpu-wheels/ inside it. PyCUDA is only installed
-# when `import pycuda` fails. Needs nvcc (PyCUDA compiles the kernels with it at run time), a
-# C++ compiler, and a Python with torch, numpy, setuptools and pytest.
+# Steps, in order of value; each gets what is left of the deadline, up to its own cap:
+#   environment  nvidia-smi, Python packages, the CUDA toolkit found, compute-sanitizer
+#   loaders      PyCUDA from build/gpu-wheels (a prebuilt wheel, else its sdist compiled here);
+#                if that fails the kernels still run, through the CuPy fallback loader
+#   compile      every kernel compiled for this GPU, with registers and spills (cuda-info)
+#   correctness  every CUDA and Triton kernel at the edge shapes, outputs pre-filled with NaN,
+#                through every installed loader (tests/test_cuda_gpu.py, test_triton_gpu.py)
+#   comparison   GEMM 4096 and 8192 in float32, bfloat16 and float16 and GEMV 1x16384x16384,
+#                every CUDA and Triton implementation against cuBLAS: one JSON, one plot
+#   verdicts     the speed targets, read from that JSON (nothing re-measured)
+#   sanitizer    compute-sanitizer memcheck and racecheck of every CUDA kernel at ragged shapes
+#   experiments  the GPU half of the experiments, with whatever time is left
 #
-# Writes to OUT_DIR: gpu.txt (nvidia-smi), cuda-info.txt (registers, shared memory, spills),
-# pytest-gpu.txt (tests and speed targets), gemm.json/.png and gemv.json/.png (comparisons: CUDA,
-# Triton and cuBLAS), the experiments' JSON and plots with REPORT.md, and log.txt (everything).
-# Exit status: 0 when the install, the tests, the comparisons and the experiments pass.
+# OUT_DIR receives three files, written as the run goes, so a run cut short still returns what
+# finished: summary.txt (one line per step: ok, failed with its last lines, killed at its time
+# limit, or skipped for time), results.tar (each step's files, appended when the step ends)
+# and log.txt (everything printed).
+#
+# Environment: MATMUL_GPU_DEADLINE (seconds for the whole run, default 360), MATMUL_GPU_WHEELS
+# (default build/gpu-wheels, made by scripts/prepare_gpu_wheels.sh), PYTHON (default python3),
+# MATMUL_GPU_TIME_SCALE (multiplies every step's budget; the dry-run test shrinks them).
+# GPU_CHECK_STUB_<STEP> replaces a step's commands with a shell snippet (the dry-run test).
+# Exit status: 0 when every step that ran passed.
 set -uo pipefail
 
-if [ $# -lt 1 ]; then
-    echo "usage: $0 OUT_DIR [WHEELS_DIR]" >&2
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+SELF="$ROOT/scripts/gpu_check.sh"
+PYTHON="${PYTHON:-python3}"
+
+# name, seconds it needs at least to be worth starting, seconds it may take at most
+STEPS=(
+    "environment 5 30"
+    "loaders 10 120"
+    "compile 10 60"
+    "correctness 30 120"
+    "comparison 40 180"
+    "verdicts 2 15"
+    "sanitizer 20 90"
+    "experiments 30 300"
+)
+
+# ---- the steps (each runs in its own process, in STEP_DIR, under `timeout`) ------------------
+step_environment() {
+    local status=0
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
+        | tee "$STEP_DIR/gpu.txt" || status=1
+    nvidia-smi > "$STEP_DIR/nvidia-smi.txt" 2>&1
+    "$PYTHON" - <<'EOF' 2>&1 | tee "$STEP_DIR/packages.txt"
+import importlib, sys
+print("python", sys.version.split()[0], sys.executable)
+for name in ("numpy", "torch", "triton", "cupy", "pycuda", "cffi", "cuda.core"):
+    try:
+        module = importlib.import_module(name)
+        print(name, getattr(module, "__version__", "(no version)"))
+    except Exception as error:
+        print(name, "missing:", type(error).__name__, error)
+import torch
+print("torch sees", torch.cuda.device_count(), "GPU(s):", torch.cuda.is_available() and torch.cuda.get_device_name(0))
+sys.exit(0 if torch.cuda.is_available() else 1)
+EOF
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    (cd "$ROOT" && "$PYTHON" -c 'from harness.backends.cuda import toolkit; print("CUDA root", toolkit.cuda_root(), "nvcc", toolkit.nvcc())') \
+        | tee -a "$STEP_DIR/packages.txt"
+    command -v compute-sanitizer | tee -a "$STEP_DIR/packages.txt" || echo "compute-sanitizer: not on PATH"
+    return $status
+}
+
+step_loaders() {
+    local wheels="${MATMUL_GPU_WHEELS:-$ROOT/build/gpu-wheels}" missing=() name
+    mkdir -p "$SITE"
+    for name in cffi pycparser pytools platformdirs mako markupsafe siphash24; do
+        "$PYTHON" -c "import $name" 2>/dev/null || missing+=("$name")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing into $SITE: ${missing[*]}"
+        "$PYTHON" -m pip install --quiet --no-index --no-deps --find-links "$wheels" --target "$SITE" "${missing[@]}" \
+            || echo "could not install some of: ${missing[*]}"
+    fi
+    if "$PYTHON" -c "import pycuda.driver" 2>/dev/null; then
+        echo "pycuda already importable"
+    elif "$PYTHON" -m pip install --no-index --no-deps --only-binary pycuda --find-links "$wheels" --target "$SITE" pycuda \
+        && "$PYTHON" -c "import pycuda.driver"; then
+        echo "pycuda installed from a prebuilt wheel"
+    else
+        rm -rf "$SITE"/pycuda "$SITE"/pycuda-*
+        build_pycuda_sdist "$wheels" || true
+    fi
+    "$PYTHON" -c "import pycuda.driver as d; d.init(); print('pycuda', d.get_version(), 'driver', d.get_driver_version(), d.Device(0).name())" \
+        && return 0
+    echo "PyCUDA is unusable here: the CUDA kernels run through the CuPy fallback loader"
+    "$PYTHON" -c "import cupy; print('cupy', cupy.__version__)"
+    return 1  # a failure to report, though later steps go on with CuPy
+}
+
+build_pycuda_sdist() {
+    local wheels="$1" sdist cuda_root work src libcuda
+    sdist="$(ls "$wheels"/pycuda-*.tar.gz 2>/dev/null | sort | tail -n 1)"
+    [ -n "$sdist" ] || { echo "no pycuda wheel or sdist in $wheels (run scripts/prepare_gpu_wheels.sh)"; return 1; }
+    cuda_root="$(cd "$ROOT" && "$PYTHON" -c 'from harness.backends.cuda import toolkit; print(toolkit.cuda_root() or "")')"
+    [ -n "$cuda_root" ] || { echo "no CUDA toolkit with include/cuda.h found"; return 1; }
+    export PATH="$cuda_root/bin:$PATH"
+    work="$(mktemp -d)"
+    tar xzf "$sdist" -C "$work"
+    src="$(ls -d "$work"/pycuda-*/ | head -n 1)"
+    libcuda="$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')"
+    for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64; do
+        [ -z "$libcuda" ] && [ -e "$d/libcuda.so.1" ] && libcuda="$d/libcuda.so.1"
+    done
+    [ -n "$libcuda" ] || { echo "no libcuda.so.1 found"; return 1; }
+    mkdir -p "$work/libcuda" && ln -s "$libcuda" "$work/libcuda/libcuda.so"
+    printf "CUDA_ROOT = '%s'\nCUDA_ENABLE_CURAND = False\nCUDADRV_LIB_DIR = ['%s']\nCUDART_LIB_DIR = ['%s/lib64']\n" \
+        "$cuda_root" "$work/libcuda" "$cuda_root" > "$src/siteconf.py"
+    echo "building PyCUDA from $sdist against $cuda_root"
+    (cd "$src" && "$PYTHON" setup.py build_ext -j "$(nproc)" > "$STEP_DIR/pycuda-build.txt" 2>&1) || { tail -n 20 "$STEP_DIR/pycuda-build.txt"; return 1; }
+    "$PYTHON" -m pip install --quiet --no-index --no-deps --no-build-isolation --target "$SITE" "$src"
+}
+
+step_compile() {
+    cd "$ROOT" || return 1
+    "$PYTHON" -m harness cuda-info --arch sm_90 | tee "$STEP_DIR/cuda-info.txt" || return 1
+    "$PYTHON" -m harness list | tee "$STEP_DIR/list.txt"
+}
+
+step_correctness() {
+    cd "$ROOT" || return 1
+    # --continue-on-collection-errors: a Triton that cannot load must not stop the CUDA checks
+    "$PYTHON" -m pytest -q -rfs -p no:cacheprovider --continue-on-collection-errors \
+        tests/test_cuda_gpu.py tests/test_triton_gpu.py \
+        --junitxml "$STEP_DIR/correctness.xml" 2>&1 | tee "$STEP_DIR/correctness.txt"
+    return "${PIPESTATUS[0]}"
+}
+
+step_comparison() {
+    cd "$ROOT" || return 1
+    COLUMNS=160 "$PYTHON" -m harness compare --no-progress --threads 0 --min-time 0.1 \
+        --shapes 4096 8192 1x16384x16384 --impls 'cuda.*' 'triton.*' torch.cublas \
+        --dtype float32 bfloat16 float16 \
+        --json "$STEP_DIR/comparison.json" --csv "$STEP_DIR/comparison.csv" --plot "$STEP_DIR/comparison.png"
+}
+
+step_verdicts() {
+    local comparison="$WORK/comparison/comparison.json"
+    [ -f "$comparison" ] || { echo "no comparison.json: the comparison step did not finish"; return 1; }
+    cd "$ROOT" && "$PYTHON" -m harness verdicts "$comparison" | tee "$STEP_DIR/verdicts.txt"
+    return "${PIPESTATUS[0]}"
+}
+
+step_sanitizer() {
+    local tool status=0
+    command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer is not on PATH"; return 1; }
+    cd "$ROOT" || return 1
+    for tool in memcheck racecheck; do
+        echo "== compute-sanitizer --tool $tool"
+        compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+            "$PYTHON" scripts/cuda_ragged_run.py 2>&1 | tee "$STEP_DIR/$tool.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+    return $status
+}
+
+step_experiments() {
+    cd "$ROOT" || return 1
+    MATMUL_EXPERIMENT_DEVICES=gpu "$PYTHON" -m harness experiments --out "$STEP_DIR" \
+        --only loads tile-quantization association roofline gemv-bandwidth
+}
+
+# ---- one step, in its own process ----------------------------------------------------------
+if [ "${1:-}" = "--step" ]; then
+    stub_var="GPU_CHECK_STUB_$2"
+    if [ -n "${!stub_var:-}" ]; then
+        exec bash -c "${!stub_var}"
+    fi
+    "step_$2"
+    exit $?
+fi
+if [ "${1:-}" = "--list-steps" ]; then
+    for step in "${STEPS[@]}"; do echo "${step%% *}"; done
+    exit 0
+fi
+
+# ---- the run -------------------------------------------------------------------------------
+if [ $# -ne 1 ]; then
+    echo "usage: $0 OUT_DIR   (or --list-steps)" >&2
     exit 2
 fi
 mkdir -p "$1"
 OUT="$(cd "$1" && pwd)"
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
-PYTHON="${PYTHON:-python3}"
-export PYTHONUNBUFFERED=1
+WORK="$(mktemp -d)"
+SITE="$WORK/site"  # packages the loaders step installs (the image's own environment stays untouched)
+export WORK SITE PYTHON ROOT
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 MATMUL_REQUIRE_GPU=1
 unset MATMUL_CUDA_EMULATE
+DEADLINE="${MATMUL_GPU_DEADLINE:-360}"
+SCALE="${MATMUL_GPU_TIME_SCALE:-1}"
 START=$(date +%s)
+END=$((START + DEADLINE))
+RESERVE=3  # seconds kept back for packing the last step's files
 STATUS=0
+rm -f "$OUT/summary.txt" "$OUT/results.tar" "$OUT/log.txt"
 exec > >(tee -a "$OUT/log.txt") 2>&1
+
+scaled() { awk -v s="$1" -v k="$SCALE" 'BEGIN { v = int(s * k + 0.5); print (v < 1 ? 1 : v) }'; }
 log() { echo "[gpu_check +$(( $(date +%s) - START ))s] $*"; }
+summary() { echo "$*" >> "$OUT/summary.txt"; }
 
-log "machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt" || log "nvidia-smi failed"
-"$PYTHON" -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
-
-find_wheels() {
-    for dir in "${1:-}" "${MATMUL_GPU_WHEELS:-}" "$ROOT/../gpu-wheels" "$ROOT/build/gpu-wheels"; do
-        if [ -n "$dir" ] && ls "$dir"/pycuda-*.tar.gz >/dev/null 2>&1; then
-            (cd "$dir" && pwd)
-            return 0
-        fi
-    done
-    return 1
-}
-
-install_pycuda() {
-    local wheels sdist cuda_root work src libdirs=() curand=False d found
-    wheels="$(find_wheels "${1:-}")" || { log "no pycuda-*.tar.gz found (run scripts/prepare_gpu_wheels.sh)"; return 1; }
-    sdist="$(ls "$wheels"/pycuda-*.tar.gz | sort | tail -n 1)"
-    log "installing PyCUDA from $sdist"
-    # Its pure-Python requirements first (from the folder, or already installed), and `wheel`,
-    # which setuptools < 70.1 needs to build without build isolation.
-    "$PYTHON" -m pip install --no-index --find-links "$wheels" pytools platformdirs mako wheel || return 1
-
-    cuda_root="${CUDA_ROOT:-${CUDA_HOME:-}}"
-    if [ -z "$cuda_root" ]; then
-        command -v nvcc >/dev/null || { log "nvcc not found: set CUDA_ROOT"; return 1; }
-        cuda_root="$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)"
+summary "gpu_check: deadline ${DEADLINE}s, started $(date -u +%Y-%m-%dT%H:%M:%SZ), $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+for step in "${STEPS[@]}"; do
+    read -r name least most <<< "$step"
+    least="$(scaled "$least")"
+    most="$(scaled "$most")"
+    left=$((END - $(date +%s) - RESERVE))
+    if [ "$left" -lt "$least" ]; then
+        log "$name: skipped for time (needs ${least}s, ${left}s left)"
+        summary "$(printf '%-12s skipped for time (needs %ss, %ss left)' "$name" "$least" "$left")"
+        continue
     fi
-    work="$(mktemp -d)"
-    tar xzf "$sdist" -C "$work"
-    src="$(ls -d "$work"/pycuda-*/ | head -n 1)"
-
-    # Linking needs libcuda.so (the driver API): a toolkit stub, or the driver's own library.
-    for d in "$cuda_root/lib64/stubs" "$cuda_root/lib/stubs" "$cuda_root/targets/x86_64-linux/lib/stubs" \
-             /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib; do
-        [ -e "$d/libcuda.so" ] && { libdirs+=("$d"); break; }
-    done
-    if [ ${#libdirs[@]} -eq 0 ]; then
-        found="$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')"
-        for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64; do
-            [ -z "$found" ] && [ -e "$d/libcuda.so.1" ] && found="$d/libcuda.so.1"
-        done
-        [ -n "$found" ] || { log "no libcuda.so or libcuda.so.1 found"; return 1; }
-        mkdir -p "$work/libcuda" && ln -s "$found" "$work/libcuda/libcuda.so"
-        libdirs+=("$work/libcuda")
+    budget=$(( left < most ? left : most ))
+    STEP_DIR="$WORK/$name"
+    mkdir -p "$STEP_DIR"
+    log "$name: start (up to ${budget}s)"
+    began=$(date +%s)
+    STEP_DIR="$STEP_DIR" timeout --kill-after=2 "$budget" "$SELF" --step "$name" 2>&1 | tee "$STEP_DIR/output.txt"
+    rc=${PIPESTATUS[0]}
+    took=$(( $(date +%s) - began ))
+    case $rc in
+        0) outcome="ok" ;;
+        124|137) outcome="killed at its ${budget}s limit"; STATUS=1 ;;
+        *) outcome="failed (exit $rc)"; STATUS=1 ;;
+    esac
+    log "$name: $outcome after ${took}s"
+    summary "$(printf '%-12s %s after %ss' "$name" "$outcome" "$took")"
+    if [ "$rc" -ne 0 ]; then
+        tail -n 6 "$STEP_DIR/output.txt" | sed 's/^/               | /' >> "$OUT/summary.txt"
     fi
-    # curand is optional for this project: enabled only when the toolkit has it.
-    if [ -f "$cuda_root/include/curand.h" ] && ls "$cuda_root"/lib64/libcurand.so* >/dev/null 2>&1; then curand=True; fi
-    log "CUDA_ROOT=$cuda_root libcuda in ${libdirs[*]} curand=$curand"
-    {
-        echo "CUDA_ROOT = '$cuda_root'"
-        echo "CUDA_ENABLE_CURAND = $curand"
-        echo "CUDADRV_LIB_DIR = ['${libdirs[0]}']"
-        echo "CUDART_LIB_DIR = ['$cuda_root/lib64', '$cuda_root/lib']"
-        echo "CURAND_LIB_DIR = ['$cuda_root/lib64', '$cuda_root/lib']"
-    } > "$src/siteconf.py"
-    # Compile in parallel first (pip alone builds serially), then install what was built.
-    (cd "$src" && "$PYTHON" setup.py build_ext -j "$(nproc)" >"$OUT/pycuda-build.txt" 2>&1) \
-        || log "parallel pre-build failed (see pycuda-build.txt); pip will build serially"
-    "$PYTHON" -m pip install --no-index --find-links "$wheels" --no-build-isolation "$src" || return 1
-    "$PYTHON" -c "import pycuda.driver as d; d.init(); print('pycuda', d.get_version(), 'driver', d.get_driver_version(), d.Device(0).name())"
-}
-
-if ! "$PYTHON" -c "import cffi" 2>/dev/null; then
-    wheels="$(find_wheels "${2:-}")" && "$PYTHON" -m pip install --no-index --find-links "$wheels" cffi \
-        || log "cffi could not be installed: the C kernels will be listed as unavailable"
-fi
-if "$PYTHON" -c "import pycuda.driver" 2>/dev/null; then
-    log "pycuda already installed"
-else
-    install_pycuda "${2:-}" || { log "PyCUDA could not be installed"; STATUS=1; }
-fi
-
-log "registers and shared memory (ptxas)"
-"$PYTHON" -m harness cuda-info | tee "$OUT/cuda-info.txt" || STATUS=1
-"$PYTHON" -m harness list || STATUS=1
-
-log "GPU tests"
-timeout 240 "$PYTHON" -m pytest -q -rs -s -p no:cacheprovider tests/test_cuda_gpu.py tests/test_triton_gpu.py 2>&1 | tee "$OUT/pytest-gpu.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || STATUS=1
-
-log "GEMM comparison"
-timeout 300 "$PYTHON" -m harness compare --no-progress --threads 0 --min-time 0.2 \
-    --shapes 1024 2048 4096 8192 --impls 'cuda.*' 'triton.*' torch.cublas --dtype float32 bfloat16 float16 \
-    --json "$OUT/gemm.json" --plot "$OUT/gemm.png" || STATUS=1
-
-log "GEMV comparison"
-timeout 120 "$PYTHON" -m harness compare --no-progress --threads 0 --min-time 0.2 \
-    --shapes 1x8192x8192 1x16384x16384 --impls cuda.gemv triton.gemv torch.cublas --dtype bfloat16 float32 \
-    --json "$OUT/gemv.json" --plot "$OUT/gemv.png" || STATUS=1
-
-log "experiments (GPU half): loads, tile quantization, association, roofline, GEMV bandwidth"
-MATMUL_EXPERIMENT_DEVICES=gpu timeout 150 "$PYTHON" -m harness experiments --out "$OUT" \
-    --only loads tile-quantization association roofline gemv-bandwidth || STATUS=1
-
-log "done, status $STATUS; results in $OUT"
+    tar -rf "$OUT/results.tar" -C "$WORK" "$name"
+done
+summary "gpu_check: status $STATUS after $(( $(date +%s) - START ))s"
+log "done, status $STATUS: $OUT/summary.txt, $OUT/results.tar, $OUT/log.txt"
 exit $STATUS

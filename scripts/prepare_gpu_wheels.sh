@@ -1,35 +1,80 @@
 #!/usr/bin/env bash
-# Fill a folder with everything scripts/gpu_check.sh needs to install PyCUDA on a GPU machine that
-# has no network: the PyCUDA source distribution (PyCUDA publishes no wheels; it is built there,
-# against that machine's CUDA and NumPy) and wheels of its pure-Python dependencies for that
-# machine's Python.
+# Fill build/gpu-wheels/ (ignored by git, inside the repository so it can travel with it) with
+# what scripts/gpu_check.sh installs on a GPU machine that has no network:
 #
-#   scripts/prepare_gpu_wheels.sh [DEST]        # default DEST: gpu-wheels/ beside the repository
+# - a PyCUDA wheel built here for the GPU machine's Python (PyCUDA publishes no wheels), when
+#   this machine has that Python (GPU_PYTHON_BIN, else python3.12 on PATH or under pyenv) and a
+#   CUDA toolkit: the GPU machine then installs it in a second instead of compiling for minutes;
+# - the PyCUDA source distribution, built there only if the wheel cannot be used;
+# - wheels of PyCUDA's pure-Python requirements and of cffi (the C kernels; the GPU image may
+#   lack it), for that Python.
 #
-# Environment: GPU_PYTHON (default 3.12), PYCUDA_VERSION (default 2026.1), PYTHON (default python3).
-# Run it on any machine with network; copy DEST next to the repository on the GPU machine (or pass
-# it to gpu_check.sh as its second argument).
+#   scripts/prepare_gpu_wheels.sh [DEST]        # default DEST: build/gpu-wheels
+#
+# Environment: GPU_PYTHON (default 3.12), GPU_PYTHON_BIN, PYCUDA_VERSION (default 2026.1),
+# PYTHON (default python3), CUDA_HOME (default: found as harness/backends/cuda/toolkit.py does).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-DEST="${1:-$ROOT/../gpu-wheels}"
+DEST="${1:-$ROOT/build/gpu-wheels}"
 GPU_PYTHON="${GPU_PYTHON:-3.12}"
 PYCUDA_VERSION="${PYCUDA_VERSION:-2026.1}"
 PYTHON="${PYTHON:-python3}"
 ABI="cp${GPU_PYTHON/./}"
 
 mkdir -p "$DEST"
-# The sdist. --no-build-isolation: pip only reads its metadata, with this machine's setuptools,
-# instead of installing a build environment first.
-"$PYTHON" -m pip download --no-deps --no-binary :all: --no-build-isolation -d "$DEST" "pycuda==$PYCUDA_VERSION"
+DEST="$(cd "$DEST" && pwd)"
+
+# The sdist (PyCUDA's build requirements are not needed just to download it).
+"$PYTHON" -m pip download --no-deps --no-binary pycuda -d "$DEST" "pycuda==$PYCUDA_VERSION"
 
 # PyCUDA's requirements (pytools, platformdirs, mako) and theirs (recent pytools needs siphash24
-# and typing-extensions; mako needs markupsafe), as wheels for the GPU machine's Python, plus
-# `wheel` (setuptools older than 70.1 needs it to build without build isolation), and cffi (the
-# harness's C kernels; the GPU image lacks it). Packages already installed there are not used.
+# and typing-extensions; mako needs markupsafe), plus `wheel` (setuptools older than 70.1 needs
+# it to build without build isolation), and cffi. Packages already installed there are not used.
 "$PYTHON" -m pip download --only-binary :all: --python-version "$GPU_PYTHON" --implementation cp --abi "$ABI" \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$DEST" pytools platformdirs mako markupsafe siphash24 typing-extensions wheel cffi pycparser
 
-echo "ready: $DEST"
+# The PyCUDA wheel, if this machine has the GPU machine's Python and a CUDA toolkit.
+find_python() {
+    local candidate
+    for candidate in "${GPU_PYTHON_BIN:-}" "$(command -v "python$GPU_PYTHON" || true)" \
+                     "$HOME"/.pyenv/versions/"$GPU_PYTHON"*/bin/python; do
+        # (a version manager's shim is executable but may refuse to run: try it)
+        if [ -n "$candidate" ] && "$candidate" -c 'import sys' 2>/dev/null; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+cuda_root="$(cd "$ROOT" && "$PYTHON" -c 'from harness.backends.cuda import toolkit; print(toolkit.cuda_root() or "")' 2>/dev/null || true)"
+if ! gpu_python="$(find_python)"; then
+    echo "no python$GPU_PYTHON here: only the sdist is prepared (the GPU machine will compile it)"
+elif [ -z "$cuda_root" ]; then
+    echo "no CUDA toolkit here (include/cuda.h): only the sdist is prepared"
+else
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    "$gpu_python" -m venv "$work/venv"
+    "$work/venv/bin/python" -m pip install --quiet numpy setuptools wheel pytools platformdirs mako
+    # Linking needs a libcuda.so; the driver is on the GPU machine only, so link against an
+    # empty stub that carries the real library's soname: the symbols resolve there, at load time.
+    mkdir -p "$work/stub"
+    echo "" | gcc -shared -x c - -o "$work/stub/libcuda.so" -Wl,-soname,libcuda.so.1
+    tar xzf "$DEST/pycuda-$PYCUDA_VERSION.tar.gz" -C "$work"
+    src="$work/pycuda-$PYCUDA_VERSION"
+    cat > "$src/siteconf.py" <<EOF
+CUDA_ROOT = '$cuda_root'
+CUDA_ENABLE_CURAND = False
+CUDADRV_LIB_DIR = ['$work/stub']
+CUDART_LIB_DIR = ['$cuda_root/lib64']
+EOF
+    # --no-as-needed before -lcuda: the stub defines nothing, and the dependency must stay.
+    (cd "$src" && LDFLAGS="-Wl,--no-as-needed" "$work/venv/bin/python" setup.py build_ext -j "$(nproc)" >"$work/build.log" 2>&1 \
+        && LDFLAGS="-Wl,--no-as-needed" "$work/venv/bin/python" -m pip wheel --quiet --no-deps --no-build-isolation -w "$DEST" .) \
+        || { tail -n 30 "$work/build.log"; echo "building the PyCUDA wheel failed: only the sdist is prepared"; }
+fi
+
+echo "ready: $DEST (carry build/gpu-wheels to the GPU machine with the repository)"
 ls -1 "$DEST"

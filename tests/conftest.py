@@ -32,6 +32,38 @@ def pytest_configure(config):
         config.option.benchmark_disable = True
 
 
+REQUIRE_GPU_ENV = "MATMUL_REQUIRE_GPU"
+
+
+def _gpu_required() -> bool:
+    return os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0", "false", "no")
+
+
+def _is_gpu_module(path) -> bool:
+    return "gpu" in os.path.basename(str(path))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """With MATMUL_REQUIRE_GPU=1 (the GPU script sets it) a GPU test module that would be
+    skipped as a whole fails instead: on a GPU machine a skip can only hide a problem."""
+    outcome = yield
+    report = outcome.get_result()
+    if _gpu_required() and report.skipped and _is_gpu_module(getattr(collector, "path", "")):
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE_GPU_ENV}=1, but the module would be skipped: {report.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With MATMUL_REQUIRE_GPU=1 a GPU test that would skip fails instead, with the skip's reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if _gpu_required() and report.skipped and item.get_closest_marker("gpu") is not None:
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE_GPU_ENV}=1, but this GPU test would be skipped: {report.longrepr}"
+
+
 def _split(text: str) -> list[str]:
     return [part for part in text.replace(",", " ").split() if part]
 

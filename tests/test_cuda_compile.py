@@ -11,6 +11,7 @@ import pytest
 
 import harness
 from harness.backends import cuda
+from harness import sources
 from harness.sources import source_path
 
 pytestmark = pytest.mark.skipif(cuda.nvcc() is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda)")
@@ -45,7 +46,7 @@ def test_compile_error_is_reported(tmp_path, monkeypatch):
     broken = tmp_path / "cuda" / "broken.cu"
     broken.parent.mkdir()
     broken.write_text('extern "C" __global__ void broken(float* x) { x[0] = undeclared; }\n')
-    monkeypatch.setattr(cuda.sources, "sources_root", lambda: tmp_path)
+    monkeypatch.setattr(sources, "sources_root", lambda: tmp_path)
     with pytest.raises(RuntimeError, match="undeclared"):
         cuda.compile_with_ptxas("cuda/broken.cu", "sm_90")
 

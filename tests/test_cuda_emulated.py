@@ -9,6 +9,7 @@ import pytest
 import harness
 from harness.backends import cuda
 from harness.inputs import Shape
+from harness.sources import source_path
 
 pytestmark = pytest.mark.skipif(cuda.emulation_unavailable_reason() is not None,
                                 reason=str(cuda.emulation_unavailable_reason()))
@@ -101,7 +102,7 @@ def test_unavailable_without_gpu_or_emulation(monkeypatch):
 def test_missing_barrier_gives_wrong_results():
     """Fibers run each thread until it parks, so without the second __syncthreads the first thread
     of a block overwrites the shared tile before the others have read it: deterministically wrong."""
-    source = (cuda.sources.source_path("cuda/tiled.cu")).read_text()
+    source = (source_path("cuda/tiled.cu")).read_text()
     parts = source.split("__syncthreads();")
     assert len(parts) == 3, "tiled.cu should have exactly two barriers"
     library = cuda.EmulatedLibrary(cuda.build_emulation("cuda/tiled.cu", source_text=parts[0] + "__syncthreads();" + parts[1] + parts[2], tag="nosync2"))

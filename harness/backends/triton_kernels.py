@@ -3,7 +3,7 @@
 (Named triton_kernels, not triton, so that nothing here can be mistaken for the real package.)
 
 With a CUDA GPU the sources are compiled by Triton and autotuned; ``run`` synchronises, and
-``time`` uses the cuBLAS baseline's timer (``torch_gpu.time_cuda``: CUDA events, the L2
+``time`` uses the cuBLAS baseline's timer (``harness.gpu.time_cuda``: CUDA events, the L2
 flushed before every repeat), so the two are measured alike.
 
 Without one they run on Triton's CPU interpreter, on CPU torch tensors, as a correctness
@@ -34,8 +34,8 @@ from ..core import Implementation
 from ..inputs import BFLOAT16
 from ..sources import load_python_source
 from ..timing import Timing
-from . import torch_gpu
-from .torch_gpu import to_numpy
+from .. import gpu
+from ..gpu import to_numpy
 
 INTERPRET_ENV = "TRITON_INTERPRET"
 _TRUE = ("1", "true", "on", "yes")  # what Triton itself reads as true
@@ -111,7 +111,7 @@ def load_source(relative: str):
     return module
 
 
-# --- NumPy <-> torch (back to NumPy: torch_gpu.to_numpy, which takes CPU tensors too) -------------
+# --- NumPy <-> torch (back to NumPy: gpu.to_numpy, which takes CPU tensors too) -------------
 def to_torch(array: np.ndarray, device: str):
     """A new torch tensor holding ``array`` (never a view of it: inputs must stay untouched)."""
     import torch
@@ -148,7 +148,7 @@ class _TritonPrepared:
             raise RuntimeError(f"{self.mode} runs are correctness checks; they are not timed")
         # The timer the cuBLAS baseline uses (CUDA events, L2 flushed before every repeat),
         # so the ratio between the two compares kernels, not timers.
-        return torch_gpu.time_cuda(self.launch, min_time)
+        return gpu.time_cuda(self.launch, min_time)
 
 
 class TritonBackend:
@@ -185,8 +185,8 @@ class TritonBackend:
         return _TritonPrepared(mode, launch, (a.shape[0], b.shape[1]))
 
     def peak_gflops(self, impl, dtype: str) -> float | None:
-        # For the GEMV the roof is HBM bandwidth, so "% peak" reads as % of it (see torch_gpu).
-        return torch_gpu.peak_for(impl.operation, dtype)
+        # For the GEMV the roof is HBM bandwidth, so "% peak" reads as % of it (see harness.gpu).
+        return gpu.peak_for(impl.operation, dtype)
 
 
 IMPLEMENTATIONS = [

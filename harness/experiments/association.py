@@ -85,7 +85,7 @@ def _agree(x: np.ndarray, y: np.ndarray, size: int) -> bool:
 def _gpu_rows(a, b, c, counts) -> list[dict]:
     import torch
 
-    from ..backends.torch_gpu import time_cuda  # CUDA events, L2 flushed, as every GPU row
+    from ..gpu import time_cuda  # CUDA events, L2 flushed, as every GPU row
 
     ta, tb, tc = (torch.from_numpy(x).cuda() for x in (a, b, c))
     rows = []

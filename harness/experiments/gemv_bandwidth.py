@@ -7,9 +7,8 @@ result, once each) against the bandwidth the memory can deliver.
 """
 from __future__ import annotations
 
-from ..inputs import make_inputs
 from ..registry import implementations
-from .common import cpu_bandwidth_gbps, gpu_peaks, measure, pyplot, say, require_a_device, wanted, write
+from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, say, require_a_device, wanted, write
 
 NAME = "gemv-bandwidth"
 TITLE = "GEMV bandwidth: achieved GB/s against the memory's peak"
@@ -31,7 +30,7 @@ def run(out_dir, cpu_shapes=CPU_SHAPES) -> dict:
         if impl.device != "cpu" or impl.language == "python" or "cpu" not in peaks:
             continue
         for shape in cpu_shapes:
-            a, b = make_inputs(shape, "float32")
+            a, b = inputs(shape, "float32")
             say(f"  {impl.name} {shape}")
             rows.append(measure(impl.name, a, b, min_time=0.3))
     gpu = gpu_peaks() if wanted("gpu") else None
@@ -44,7 +43,7 @@ def run(out_dir, cpu_shapes=CPU_SHAPES) -> dict:
                 if dtype not in impl.dtypes:
                     continue
                 for shape in GPU_SHAPES:
-                    a, b = make_inputs(shape, dtype)
+                    a, b = inputs(shape, dtype)
                     say(f"  {impl.name} {shape} {dtype}")
                     rows.append(measure(impl.name, a, b, min_time=0.3))
     for row in rows:

@@ -10,9 +10,8 @@ units, and the bandwidth one core sustains copying a large buffer. GPU roofs: th
 from __future__ import annotations
 
 from .. import machine
-from ..inputs import make_inputs
 from ..registry import REGISTRY, implementations
-from .common import cpu_bandwidth_gbps, gpu_peaks, measure, pyplot, say, require_a_device, wanted, write
+from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, say, require_a_device, wanted, write
 
 NAME = "roofline"
 TITLE = "Roofline: measured points under the compute and bandwidth roofs"
@@ -44,7 +43,7 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
             continue
         shapes = [PYTHON_SHAPE] if impl.language == "python" else [cpu_gemm, CPU_SHAPES["gemv"]]
         for shape in shapes:
-            a, b = make_inputs(shape, "float32")
+            a, b = inputs(shape, "float32")
             say(f"  {impl.name} {shape}")
             points.append({**measure(impl.name, a, b, min_time=0.2), "intensity": intensity(shape, 4)})
     peaks = gpu_peaks()
@@ -57,12 +56,12 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
                 if dtype not in impl.dtypes:
                     continue
                 shape = GPU_SHAPES["gemv"] if impl.operation == "gemv" else GPU_SHAPES["gemm"]
-                a, b = make_inputs(shape, dtype)
+                a, b = inputs(shape, dtype)
                 say(f"  {impl.name} {shape} {dtype}")
                 points.append({**measure(impl.name, a, b, min_time=0.2), "intensity": intensity(shape, a.dtype.itemsize)})
         for shape in (GPU_SHAPES["gemv"],):  # cuBLAS as a GEMV too, beside the GEMV kernels
             if "torch.cublas" in REGISTRY:
-                a, b = make_inputs(shape, "bfloat16")
+                a, b = inputs(shape, "bfloat16")
                 points.append({**measure("torch.cublas", a, b), "intensity": intensity(shape, 2)})
 
     plt = pyplot()

@@ -8,9 +8,8 @@ OpenBLAS's blocking.
 """
 from __future__ import annotations
 
-from ..inputs import make_inputs
 from ..registry import REGISTRY
-from .common import measure, pyplot, say, require_a_device, wanted, write
+from .common import inputs, measure, pyplot, say, require_a_device, wanted, write
 
 NAME = "tile-quantization"
 TITLE = "Tile quantization: (M, 4096) @ (4096, 4096) around multiples of 128 (exercise D)"
@@ -34,7 +33,7 @@ def run(out_dir, size: int = 4096, m=M_VALUES) -> dict:
         plans.append(("gpu", "float32", [n for n in GPU_IMPLS if n in REGISTRY]))
     for device, dtype, names in plans:
         for rows_m in m:
-            a, b = make_inputs(f"{rows_m}x{size}x{size}", dtype)
+            a, b = inputs(f"{rows_m}x{size}x{size}", dtype)
             for name in names:
                 if dtype not in REGISTRY[name].dtypes:
                     continue

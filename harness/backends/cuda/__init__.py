@@ -1,0 +1,109 @@
+"""Adapter for cuda/: the hand-written CUDA kernels, on a GPU or on the CPU emulation of CUDA.
+
+One module per concern:
+
+- plans.py: the launch of each technique (kernel name, grid, block, arguments), written once;
+- toolkit.py: the CUDA toolkit's location and the nvcc compilation into a cubin;
+- loaders.py: that cubin loaded and launched on a GPU, by PyCUDA or (fallback) CuPy;
+- emulation.py: the same ``.cu`` files compiled with g++ against cuda/emu/, on the CPU;
+- resources.py: registers, shared memory and spills per kernel, from ptxas.
+
+Which path runs:
+- native: a CUDA GPU visible to PyTorch and a loader (PyCUDA, else CuPy). Rows record which.
+- emulated: set ``MATMUL_CUDA_EMULATE=1``. Rows are marked "emulated" and never timed.
+- otherwise the implementations are unavailable, and the reason says which of the above is
+  missing.
+"""
+from __future__ import annotations
+
+from ... import gpu
+from ...core import Implementation
+from ...inputs import Shape, dtype_name
+from .emulation import (EMULATE_ENV, EmulatedLibrary, EmulatedPrepared, build_emulation, emulated_library,
+                        emulation_requested, emulation_unavailable_reason, kernel_names)
+from .loaders import LOADER_ENV, LOADERS, NativePrepared, active_loader, native_function, native_unavailable_reason
+from .plans import Launch, cdiv, kernel_buffers, plan
+from .resources import KernelResources, compile_with_ptxas, parse_ptxas, ptxas_report, resource_table
+from .toolkit import ARCHS, CUDA_SOURCES, NVCC_OPTIONS, compile_cubin, cuda_root, nvcc
+
+__all__ = [
+    "ARCHS", "CUDA_SOURCES", "EMULATE_ENV", "IMPLEMENTATIONS", "LOADERS", "LOADER_ENV", "NVCC_OPTIONS",
+    "CudaBackend", "EmulatedLibrary", "KernelResources", "Launch", "active_loader", "build_emulation", "cdiv",
+    "compile_cubin", "compile_with_ptxas", "cuda_root", "emulated_library", "emulation_requested",
+    "emulation_unavailable_reason", "kernel_names", "native_function", "native_unavailable_reason", "nvcc",
+    "parse_ptxas", "plan", "ptxas_report", "resource_table",
+]
+
+
+class CudaBackend:
+    """Runs ``technique`` from ``impl.source`` natively or emulated (see the module docstring)."""
+
+    def __init__(self, technique: str):
+        self.technique = technique
+
+    def unavailable_reason(self, impl):
+        if emulation_requested():
+            return emulation_unavailable_reason()
+        reason = native_unavailable_reason()
+        if reason:
+            return f"{reason}; set {EMULATE_ENV}=1 to check the kernels on the CPU emulation (correctness only)"
+        return None
+
+    def run_mode(self, impl) -> str:
+        # The harness caps the size of emulated problems (core.STAND_IN_MAX_FLOPS).
+        return "emulated" if emulation_requested() else "native"
+
+    def prepare(self, impl, a, b, options):
+        dtype = dtype_name(a.dtype)
+        shape = Shape(a.shape[0], b.shape[1], a.shape[1])
+        launch = plan(self.technique, dtype, shape.m, shape.n, shape.k)
+        inputs, out_shape = kernel_buffers(impl.operation, a, b)
+        result_shape = (shape.m, shape.n)
+        if emulation_requested():
+            return EmulatedPrepared(emulated_library(impl.source), launch, inputs, out_shape, a.dtype, result_shape)
+        return NativePrepared(impl.source, launch, inputs, out_shape, dtype, result_shape)
+
+    def peak_gflops(self, impl, dtype):
+        return gpu.peak_for(impl.operation, dtype)
+
+
+_REQUIRES = ("gpu", "pycuda or cupy")
+# The one-output-per-thread kernels take minutes where the others take milliseconds: above
+# 4096^3 (137 GFLOP) they are refused unless allow_slow, so a GPU comparison stays short.
+_SLOW_KERNEL_MAX_FLOPS = 2 * 4096**3
+
+IMPLEMENTATIONS = [
+    Implementation(
+        "cuda.naive", "cuda", "gpu", ("float32",),
+        "one thread per output, A and B read from global memory",
+        CudaBackend("naive"), source="cuda/naive.cu", requires=_REQUIRES,
+        max_flops=_SLOW_KERNEL_MAX_FLOPS, slow_rate=1e12,
+    ),
+    Implementation(
+        "cuda.tiled", "cuda", "gpu", ("float32",),
+        "the chapter's 16x16 shared-memory tiles: each load reused 16 times",
+        CudaBackend("tiled"), source="cuda/tiled.cu", requires=_REQUIRES,
+        max_flops=_SLOW_KERNEL_MAX_FLOPS, slow_rate=2e12,
+    ),
+    Implementation(
+        "cuda.register_tiled_2x2", "cuda", "gpu", ("float32",),
+        "the chapter's exercise: 16x16 tiles, 2x2 outputs per thread",
+        CudaBackend("register_tiled_2x2"), source="cuda/register_tiled.cu", requires=_REQUIRES,
+        max_flops=_SLOW_KERNEL_MAX_FLOPS, slow_rate=4e12,
+    ),
+    Implementation(
+        "cuda.register_tiled", "cuda", "gpu", ("float32",),
+        "128x128 block tiles, 8x8 outputs per thread, float4 loads, double-buffered",
+        CudaBackend("register_tiled"), source="cuda/register_tiled.cu", requires=_REQUIRES,
+    ),
+    Implementation(
+        "cuda.wmma", "cuda", "gpu", ("bfloat16", "float16"),
+        "tensor cores via nvcuda::wmma, 128x128 tiles staged in shared memory, FP32 accumulate",
+        CudaBackend("wmma"), source="cuda/wmma.cu", requires=_REQUIRES,
+    ),
+    Implementation(
+        "cuda.gemv", "cuda", "gpu", ("bfloat16", "float32"),
+        "y = W x: a warp per row, 16-byte coalesced loads, shuffle reduction",
+        CudaBackend("gemv"), source="cuda/gemv.cu", operation="gemv", requires=_REQUIRES,
+    ),
+]

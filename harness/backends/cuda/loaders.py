@@ -1,0 +1,197 @@
+"""Loading and launching the compiled kernels on a GPU: PyCUDA first, CuPy as the fallback.
+
+Both loaders take the cubin that toolkit.compile_cubin made for the device's architecture and
+launch the ``Launch`` that plans.py describes, on the legacy default stream, inside PyTorch's
+(primary) context, with device pointers of PyTorch tensors. So they differ only in the
+library that calls ``cuModuleLoadData`` and ``cuLaunchKernel``, and every row records which
+one ran.
+
+- PyCUDA (``pip install pycuda``) is the project's loader: ``pycuda.autoprimaryctx`` retains
+  the device's primary context, the one the CUDA runtime and so PyTorch use.
+- CuPy's ``RawModule`` is the fallback for machines where PyCUDA cannot be built or imported
+  (it ships as wheels for each CUDA major version). CuPy uses the CUDA runtime, so it shares
+  the primary context by construction.
+
+``MATMUL_CUDA_LOADER=pycuda`` or ``=cupy`` forces one; otherwise the first that imports wins.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ... import gpu
+from .plans import Launch
+from .toolkit import compile_cubin
+
+LOADER_ENV = "MATMUL_CUDA_LOADER"
+LOADERS = ("pycuda", "cupy")
+
+
+def _device_arch() -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
+    return f"sm_{major}{minor}"
+
+
+class PyCudaLoader:
+    name = "pycuda"
+
+    @staticmethod
+    def probe() -> None:
+        import pycuda.driver  # noqa: F401  (ImportError without libcuda.so.1: a reason, not a crash)
+
+    def __init__(self):
+        import torch
+
+        torch.cuda.init()
+        # autoprimaryctx retains the primary context of the device CUDA_DEVICE names (else the
+        # first usable one): make that PyTorch's current device.
+        os.environ.setdefault("CUDA_DEVICE", str(torch.cuda.current_device()))
+        import pycuda.autoprimaryctx  # noqa: F401
+        import pycuda.driver
+
+        self.driver = pycuda.driver
+
+    def load(self, cubin: Path, kernel: str, signature: str):
+        module = self.driver.module_from_buffer(cubin.read_bytes())
+        function = module.get_function(kernel)
+        function.prepare(signature)
+
+        def launch(grid, block, args):
+            # prepared_call launches on the legacy default stream, PyTorch's default stream too.
+            function.prepared_call(grid, block, *args)
+
+        launch.module = module  # keep the module alive as long as the launcher
+        return launch
+
+
+class CupyLoader:
+    name = "cupy"
+
+    @staticmethod
+    def probe() -> None:
+        import cupy  # noqa: F401
+
+    def __init__(self):
+        import cupy
+
+        self.cupy = cupy
+
+    def load(self, cubin: Path, kernel: str, signature: str):
+        module = self.cupy.RawModule(path=str(cubin))
+        function = module.get_function(kernel)  # loads the module (the cubin stays in build/)
+        # Pointers pass by value as 64-bit integers, ints as C ints: the kernel's parameter
+        # buffer has the same bytes either way.
+        converters = {"P": np.uint64, "i": np.int32, "I": np.uint32, "f": np.float32, "q": np.int64}
+
+        def launch(grid, block, args):
+            # CuPy's current stream, unless set otherwise, is the legacy default stream: PyTorch's.
+            function(grid, block, tuple(converters[code](arg) for code, arg in zip(signature, args)))
+
+        launch.module = module
+        return launch
+
+
+_LOADER_CLASSES = {"pycuda": PyCudaLoader, "cupy": CupyLoader}
+
+
+def _forced() -> str | None:
+    value = os.environ.get(LOADER_ENV, "").strip().lower()
+    if value and value not in _LOADER_CLASSES:
+        raise ValueError(f"{LOADER_ENV}={value!r}: expected one of {', '.join(LOADERS)}")
+    return value or None
+
+
+def loader_unavailable_reason(name: str) -> str | None:
+    try:
+        _LOADER_CLASSES[name].probe()
+    except Exception as error:
+        return f"{name} is not importable ({type(error).__name__}: {error})"
+    return None
+
+
+def native_unavailable_reason() -> str | None:
+    """None when a CUDA GPU and a loader are here, else why not."""
+    reason = gpu.cuda_unavailable_reason()
+    if reason:
+        return reason
+    try:
+        forced = _forced()
+    except ValueError as error:
+        return str(error)
+    candidates = [forced] if forced else list(LOADERS)
+    reasons = [loader_unavailable_reason(name) for name in candidates]
+    if all(reasons):
+        return ("no loader for the compiled kernels: " + "; ".join(reasons)
+                + ". `pip install pycuda` (or cupy-cuda12x / cupy-cuda13x), or on a machine without network "
+                "see scripts/prepare_gpu_wheels.sh")
+    return None
+
+
+_active: dict[str, object] = {}
+_functions: dict = {}
+_lock = threading.Lock()
+
+
+def active_loader():
+    """The loader this process uses (chosen once: the forced one, else the first that imports)."""
+    forced = _forced()
+    name = forced or next((n for n in LOADERS if loader_unavailable_reason(n) is None), None)
+    if name is None:
+        raise RuntimeError(native_unavailable_reason() or "no CUDA kernel loader")
+    if name not in _active:
+        _active[name] = _LOADER_CLASSES[name]()
+    return _active[name]
+
+
+def native_function(relative: str, kernel: str, signature: str):
+    """``launch(grid, block, args)`` for ``kernel`` of ``relative``, compiled for this GPU.
+
+    Cached per loader, source file (its text is in the cubin's cache key) and architecture.
+    """
+    with _lock:
+        loader = active_loader()
+        arch = _device_arch()
+        cubin, _ = compile_cubin(relative, arch)
+        key = (loader.name, str(cubin), kernel, signature)
+        if key not in _functions:
+            _functions[key] = loader.load(cubin, kernel, signature)
+        return _functions[key]
+
+
+class NativePrepared:
+    mode = "native"
+
+    def __init__(self, relative: str, launch: Launch, inputs: dict, out_shape, dtype: str, result_shape):
+        import torch
+
+        self.loader = active_loader().name
+        self.launch_plan = launch
+        self.function = native_function(relative, launch.kernel, launch.signature)
+        self.tensors = {name: gpu.to_device(array) for name, array in inputs.items()}
+        # NaN-filled, so an element the kernel never wrote cannot pass the check
+        self.tensors["C"] = torch.full(out_shape, float("nan"), dtype=gpu.torch_dtype(dtype), device="cuda")
+        self.args = [self.tensors[a].data_ptr() if isinstance(a, str) else int(a) for a in launch.args]
+        self.result_shape = result_shape
+        self.grid = tuple(int(g) for g in launch.grid)
+        self.block = tuple(int(b) for b in launch.block)
+        torch.cuda.synchronize()
+
+    def launch(self) -> None:
+        self.function(self.grid, self.block, self.args)
+
+    def run(self) -> None:
+        import torch
+
+        self.launch()
+        torch.cuda.synchronize()
+
+    def time(self, min_time: float):
+        return gpu.time_cuda(self.launch, min_time)
+
+    def result(self) -> np.ndarray:
+        return gpu.to_numpy(self.tensors["C"]).reshape(self.result_shape)

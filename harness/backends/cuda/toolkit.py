@@ -1,0 +1,105 @@
+"""The CUDA toolkit: where it is, and ``.cu`` files compiled by its nvcc into cubins.
+
+Every GPU path loads the same cubin, compiled here with the same flags (``NVCC_OPTIONS``):
+PyCUDA and CuPy are only loaders. The register report (resources.py) reads the ptxas output
+of the same compilation, so what it reports is what runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+from ... import sources
+
+NVCC_OPTIONS = ("-std=c++17", "-O3")
+ARCHS = ("sm_80", "sm_90")            # what the compile check builds for (BF16 WMMA needs sm_80)
+CONVENTIONAL_ROOT = "/usr/local/cuda"
+CUDA_SOURCES = ("cuda/naive.cu", "cuda/tiled.cu", "cuda/register_tiled.cu", "cuda/wmma.cu", "cuda/gemv.cu")
+
+
+def cache_root() -> Path:
+    """build/ in a checkout; a per-user cache for an installed wheel (its folder may be read-only)."""
+    if sources.in_checkout():
+        return sources.sources_root() / "build"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "matmul-reference"
+
+
+def _is_toolkit(root) -> bool:
+    return bool(root) and (Path(root) / "include" / "cuda.h").is_file() and (Path(root) / "bin" / "nvcc").is_file()
+
+
+@lru_cache(maxsize=None)
+def cuda_root() -> Path | None:
+    """The CUDA toolkit's root folder (the one holding bin/nvcc and include/cuda.h).
+
+    In order: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, then the TOP that the nvcc on PATH
+    prints with ``--dryrun`` (nvcc on PATH may be a wrapper script outside the toolkit, so its
+    parent folder proves nothing). None when no candidate has include/cuda.h.
+    """
+    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), CONVENTIONAL_ROOT):
+        if _is_toolkit(candidate):
+            return Path(candidate).resolve()
+    on_path = shutil.which("nvcc")
+    if on_path:
+        done = subprocess.run([on_path, "--dryrun", "-c", "-x", "cu", "/dev/null", "-o", "/dev/null"],
+                              capture_output=True, text=True)
+        match = re.search(r"^#\$ TOP=(.+)$", done.stdout + done.stderr, flags=re.M)
+        if match and _is_toolkit(match.group(1).strip()):
+            return Path(match.group(1).strip()).resolve()
+    return None
+
+
+def nvcc() -> str | None:
+    root = cuda_root()
+    if root:
+        return str(root / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+@lru_cache(maxsize=None)
+def nvcc_version() -> str:
+    done = subprocess.run([nvcc(), "--version"], capture_output=True, text=True)
+    return done.stdout.strip().splitlines()[-1] if done.stdout else ""
+
+
+_compile_lock = threading.Lock()
+
+
+def compile_cubin(relative: str, arch: str) -> tuple[Path, str]:
+    """Compile one ``.cu`` file for ``arch`` (no GPU needed); (cubin path, ptxas -v log).
+
+    Raises RuntimeError with nvcc's message when the file does not compile. Cached under
+    build/cuda-cubin/ on the source text, the flags and the nvcc version.
+    """
+    compiler = nvcc()
+    if not compiler:
+        raise RuntimeError("nvcc was not found (looked in $CUDA_HOME, $CUDA_PATH, /usr/local/cuda and on PATH)")
+    path = sources.source_path(relative)
+    text = path.read_text()
+    flags = [*NVCC_OPTIONS, f"-arch={arch}", "-cubin", "--ptxas-options=-v", "-I", str(path.parent)]
+    key = hashlib.sha256("\0".join([text, " ".join(flags), nvcc_version()]).encode()).hexdigest()[:16]
+    out_dir = cache_root() / "cuda-cubin"
+    cubin = out_dir / f"{path.stem}-{arch}-{key}.cubin"
+    log_file = cubin.with_suffix(".log.json")
+    if cubin.is_file() and log_file.is_file():
+        return cubin, json.loads(log_file.read_text())["log"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    temporary = cubin.with_name(f"{cubin.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
+    command = [compiler, *flags, "-o", str(temporary), str(path)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    log = done.stdout + done.stderr
+    if done.returncode != 0:
+        temporary.unlink(missing_ok=True)
+        raise RuntimeError(f"nvcc failed on {relative} for {arch}:\n{' '.join(command)}\n{log[-6000:]}")
+    # The log first, then the cubin, each replaced atomically: a cubin found implies its log.
+    with _compile_lock:
+        log_file.write_text(json.dumps({"log": log}))
+        os.replace(temporary, cubin)
+    return cubin, log

@@ -1,0 +1,37 @@
+"""Run every CUDA kernel once at ragged shapes and check each product: the program that
+scripts/gpu_check.sh runs under compute-sanitizer (memcheck, racecheck).
+
+Ragged shapes (no dimension a multiple of any tile) make every kernel take its edge paths,
+where out-of-bounds accesses and missing barriers hide. Exit status 1 if a product is wrong.
+Runs anywhere the CUDA implementations can (on the CPU emulation with MATMUL_CUDA_EMULATE=1).
+"""
+from __future__ import annotations
+
+import sys
+
+import harness
+from harness.inputs import Shape
+
+GEMM_SHAPES = (Shape(67, 45, 33), Shape(129, 131, 70))
+GEMV_SHAPES = (Shape(1, 45, 67), Shape(1, 131, 1030))
+
+
+def main() -> int:
+    failures = 0
+    for impl in harness.implementations("cuda.*"):
+        reason = impl.unavailable_reason()
+        if reason:
+            print(f"{impl.name}: unavailable: {reason}")
+            failures += 1
+            continue
+        for dtype in impl.dtypes:
+            for shape in GEMV_SHAPES if impl.operation == "gemv" else GEMM_SHAPES:
+                a, b = harness.make_inputs(shape, dtype, seed=3)
+                outcome = harness.check(harness.get(impl.name)(a, b), a, b)
+                print(f"{impl.name} {dtype} {shape}: {outcome.message}", flush=True)
+                failures += not outcome.passed
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

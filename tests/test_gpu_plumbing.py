@@ -1,0 +1,133 @@
+"""The GPU run's plumbing that needs no GPU: finding the toolkit, choosing a loader, judging the
+speed targets from a comparison's JSON, and failing GPU tests that would skip when a GPU is
+required."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import verdicts
+from harness.backends.cuda import loaders, toolkit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_toolkit(path: Path) -> Path:
+    (path / "bin").mkdir(parents=True)
+    (path / "include").mkdir()
+    (path / "include" / "cuda.h").write_text("/* stand-in */\n")
+    nvcc = path / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\nexit 0\n")
+    nvcc.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def clean_toolkit_env(monkeypatch):
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    toolkit.cuda_root.cache_clear()
+    yield monkeypatch
+    toolkit.cuda_root.cache_clear()
+
+
+def test_cuda_root_prefers_cuda_home(tmp_path, clean_toolkit_env):
+    root = fake_toolkit(tmp_path / "cuda-x")
+    clean_toolkit_env.setenv("CUDA_HOME", str(root))
+    assert toolkit.cuda_root() == root.resolve()
+    assert toolkit.nvcc() == str(root.resolve() / "bin" / "nvcc")
+
+
+def test_cuda_root_skips_a_folder_without_cuda_h(tmp_path, clean_toolkit_env):
+    (tmp_path / "bare" / "bin").mkdir(parents=True)
+    clean_toolkit_env.setenv("CUDA_HOME", str(tmp_path / "bare"))
+    found = toolkit.cuda_root()
+    assert found is None or (found / "include" / "cuda.h").is_file()
+
+
+def test_cuda_root_follows_a_wrapper_nvcc_to_its_toolkit(tmp_path, clean_toolkit_env):
+    """nvcc on PATH may be a script outside the toolkit: the TOP its --dryrun prints is used."""
+    clean_toolkit_env.setattr(toolkit, "CONVENTIONAL_ROOT", str(tmp_path / "no-such-folder"))
+    root = fake_toolkit(tmp_path / "toolkit")
+    (root / "bin" / "nvcc").write_text(f"#!/bin/sh\necho '#$ TOP={root}/bin/..' >&2\n")
+    wrapper_dir = tmp_path / "wrappers"
+    wrapper_dir.mkdir()
+    wrapper = wrapper_dir / "nvcc"
+    wrapper.write_text(f'#!/bin/sh\nexec {root}/bin/nvcc "$@"\n')
+    wrapper.chmod(0o755)
+    clean_toolkit_env.setenv("PATH", f"{wrapper_dir}{os.pathsep}{os.environ['PATH']}")
+    assert toolkit.cuda_root() == root.resolve()
+
+
+def test_unknown_loader_is_a_reason(monkeypatch):
+    monkeypatch.setenv(loaders.LOADER_ENV, "ctypes")
+    monkeypatch.setattr(loaders.gpu, "cuda_unavailable_reason", lambda: None)
+    assert "expected one of pycuda, cupy" in loaders.native_unavailable_reason()
+
+
+def test_missing_loaders_are_named(monkeypatch):
+    monkeypatch.delenv(loaders.LOADER_ENV, raising=False)
+    monkeypatch.setattr(loaders.gpu, "cuda_unavailable_reason", lambda: None)
+    monkeypatch.setattr(loaders, "loader_unavailable_reason", lambda name: f"{name} is not importable")
+    reason = loaders.native_unavailable_reason()
+    assert "pycuda is not importable" in reason and "cupy is not importable" in reason
+
+
+def comparison(rows, copy_gbps=4300.0, datasheet=4800.0) -> dict:
+    return {"machine": {"gpu": {"copy_bandwidth_gbps": copy_gbps, "datasheet": {"bandwidth": datasheet}}},
+            "results": rows}
+
+
+def row(name, shape, dtype, status="ok", speedup=None, gbytes=None, median=1e-3, gflops=1e5):
+    return {"implementation": name, "shape": shape, "dtype": dtype, "status": status, "median_s": median,
+            "speedup": speedup, "gbytes_per_s": gbytes, "gflops": gflops}
+
+
+def outcomes(document) -> dict:
+    return {(v.target.implementation, v.target.shape, v.target.dtype): v for v in verdicts.judge([document])}
+
+
+def test_verdicts_met_missed_and_not_judged():
+    found = outcomes(comparison([
+        row("cuda.register_tiled", "4096x4096x4096", "float32", speedup=0.62),
+        row("cuda.wmma", "4096x4096x4096", "bfloat16", speedup=0.10),
+        row("cuda.wmma", "8192x8192x8192", "bfloat16", status="FAILED: 3 elements out of tolerance", median=None),
+        row("cuda.gemv", "1x16384x16384", "bfloat16", gbytes=4000.0),
+    ]))
+    assert found[("cuda.register_tiled", "4096x4096x4096", "float32")].outcome == "met"
+    assert found[("cuda.wmma", "4096x4096x4096", "bfloat16")].outcome == "missed"
+    assert found[("cuda.wmma", "8192x8192x8192", "bfloat16")].outcome == "not judged"
+    gemv = found[("cuda.gemv", "1x16384x16384", "bfloat16")]
+    assert gemv.outcome == "met"
+    assert "83% of the 4800 GB/s datasheet" in gemv.detail and "93% of the 4300 GB/s measured copy" in gemv.detail
+    assert found[("triton.gemv", "1x16384x16384", "float16")].outcome == "not judged"
+
+
+def test_verdicts_command_exit_status(tmp_path):
+    path = tmp_path / "comparison.json"
+    path.write_text(json.dumps(comparison([row("cuda.register_tiled", "4096x4096x4096", "float32", speedup=0.2)])))
+    done = subprocess.run([sys.executable, "-m", "harness", "verdicts", str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "MISSED" in done.stdout and "0.20x cuBLAS" in done.stdout
+    assert done.stdout.count("\n") == len(verdicts.TARGETS)
+
+
+def test_require_gpu_turns_gpu_skips_into_failures():
+    env = {**os.environ, "MATMUL_REQUIRE_GPU": "1"}
+    env.pop("MATMUL_CUDA_EMULATE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+         "tests/test_cuda_gpu.py::test_loader_shares_torch_context",
+         "tests/test_triton_gpu.py"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )
+    if "passed" in done.stdout and "failed" not in done.stdout:
+        pytest.skip("a GPU is here: nothing would skip")
+    assert done.returncode != 0
+    assert "MATMUL_REQUIRE_GPU=1, but this GPU test would be skipped" in done.stdout
+    assert "MATMUL_REQUIRE_GPU=1, but the module would be skipped" in done.stdout
