@@ -28,8 +28,27 @@
 //    (cp.async.bulk.tensor) into a multi-stage shared-memory ring guarded by mbarriers, with
 //    producer and consumer warps specialised, and often thread-block clusters multicasting
 //    tiles. That is what cuBLAS and CUTLASS 3 (CuTe) kernels do on Hopper; WMMA cannot express
-//    any of it, so this kernel stays far below cuBLAS there. On Ampere (sm_80) the next steps
-//    would be cp.async multi-stage pipelines and ldmatrix-based fragment loads (mma.sync PTX).
+//    any of it, so this kernel stays far below cuBLAS there. On Ampere (sm_80) the next step
+//    would be cp.async multi-stage pipelines (the fragments already load with ldmatrix).
+//  - BF16 fragment loads are inline PTX (load_shared below). nvcc 13.0 turns
+//    load_matrix_sync of an FP16 fragment into `wmma.load.*.shared.f16`, which ptxas lowers to
+//    ldmatrix (SASS LDSM.16.M88.4 for A, LDSM.16.MT88.4 for B). For BF16 it emits
+//    `wmma.load.*.bf16` without the `.shared` state space, although the pointer is into shared
+//    memory: ptxas then has a generic address, on which ldmatrix is impossible, and emitted
+//    4 generic 32-bit loads (LD.E) per fragment plus a MOVM.16.MT88 per register to transpose
+//    B: 64 LD.E and 32 MOVM per 32-wide K step instead of 16 LDSM, and 254 registers instead
+//    of 244 (sm_80 and sm_90). load_shared issues the very instruction load_matrix_sync would,
+//    with `.shared` named: the BF16 kernel now compiles to the FP16 kernel's instructions (the
+//    conversions aside) and 244 registers, and on an H200 runs at its speed (4096^3: 255
+//    instead of 202 TFLOP/s). tests/test_sass.py checks for LDSM and against LD/MOVM. The
+//    fragment layout is untouched (whatever wmma.load defines), so nothing here depends on
+//    an undocumented layout; it relies only on the fragment's storage being the 4 x 32-bit
+//    registers of the PTX fragment, which is how CUDA's mma.h passes it to its own builtin.
+//    Two alternatives rely on more than that: ldmatrix PTX into the fragment assumes wmma's
+//    unspecified element-to-lane mapping; and loading an FP16 fragment and copying its bits is
+//    not possible as such, as an FP16 m16n16k16 fragment holds 16 elements per lane (8
+//    registers) and a BF16 one 8 (4 registers): the layouts differ. The CPU emulation, which
+//    has no PTX, loads the BF16 fragments with load_matrix_sync, which means the same.
 //
 // Launch: block (128), grid (ceil(M/128) * ceil(N/128)) (1-D: grouped ordering).
 
@@ -69,6 +88,31 @@ __device__ __forceinline__ uint4 load8(const unsigned short* __restrict__ p, siz
     for (int i = 0; i < 8; ++i) v[i] = i < valid ? p[offset + i] : 0u;
     return make_uint4(v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16), v[6] | (v[7] << 16));
 }
+
+// A fragment from shared memory: load_matrix_sync, except for BF16 on the GPU (see the header).
+template <class Fragment, class T>
+__device__ __forceinline__ void load_shared(Fragment& f, const T* p, unsigned ldm) { wmma::load_matrix_sync(f, p, ldm); }
+
+#ifdef __CUDA_ARCH__
+// The asm is volatile with a "memory" clobber because it reads shared memory: the compiler must
+// keep it after the stores and the barrier that fill the tile.
+__device__ __forceinline__ void load_shared(wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>& f,
+                                            const __nv_bfloat16* p, unsigned ldm)
+{
+    unsigned* r = reinterpret_cast<unsigned*>(f.x);
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address), "r"(ldm) : "memory");
+}
+__device__ __forceinline__ void load_shared(wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>& f,
+                                            const __nv_bfloat16* p, unsigned ldm)
+{
+    unsigned* r = reinterpret_cast<unsigned*>(f.x);
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address), "r"(ldm) : "memory");
+}
+#endif
 
 template <class T>
 __device__ __forceinline__ void wmma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
@@ -143,10 +187,10 @@ __device__ __forceinline__ void wmma_gemm(const T* __restrict__ A, const T* __re
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[FRAG_M];
             wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
 #pragma unroll
-            for (int i = 0; i < FRAG_M; ++i) wmma::load_matrix_sync(a[i], &As[buf][warp_row + i * 16][kk], A_LD);
+            for (int i = 0; i < FRAG_M; ++i) load_shared(a[i], &As[buf][warp_row + i * 16][kk], A_LD);
 #pragma unroll
             for (int j = 0; j < FRAG_N; ++j) {
-                wmma::load_matrix_sync(b, &Bs[buf][kk][warp_col + j * 16], B_LD);
+                load_shared(b, &Bs[buf][kk][warp_col + j * 16], B_LD);
 #pragma unroll
                 for (int i = 0; i < FRAG_M; ++i) wmma::mma_sync(acc[i][j], a[i], b, acc[i][j]);
             }

@@ -266,13 +266,18 @@ def compare(
 GPU_REFERENCE_MIN_FLOPS = 2 * 1024**3
 
 
+def _reference_on_gpu(flops: float, devices) -> bool:
+    from . import gpu
+
+    return flops >= GPU_REFERENCE_MIN_FLOPS and "gpu" in devices and gpu.available()
+
+
 def reference_for(a: np.ndarray, b: np.ndarray, devices) -> np.ndarray:
     """The float64 reference of ``a @ b``: on the GPU when GPU implementations will be
     checked against it, a GPU is here and the problem is big; else NumPy's on the host."""
     from . import gpu
 
-    flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
-    if flops >= GPU_REFERENCE_MIN_FLOPS and "gpu" in devices and gpu.available():
+    if _reference_on_gpu(2 * a.shape[0] * a.shape[1] * b.shape[1], devices):
         return gpu.reference(a, b)
     return reference(a, b)
 
@@ -300,11 +305,21 @@ class _Problem:
             self._inputs = make_inputs(self.shape, self.dtype, self.seed)
         return self._inputs
 
-    @property
-    def reference(self) -> np.ndarray:
+    def check(self, result: np.ndarray):
+        """The check of ``result`` against the float64 reference: on the GPU when GPU
+        implementations are compared, a GPU is here and the problem is big (the host's float64
+        product and element-wise check of 8192^2 take seconds per row), else on the host."""
+        a, b = self.inputs
         if self._reference is None:
-            self._reference = reference_for(*self.inputs, self.devices)
-        return self._reference
+            if _reference_on_gpu(self.shape.flops, self.devices):
+                from .gpu import DeviceProblem
+
+                self._reference = DeviceProblem(a, b)
+            else:
+                self._reference = reference(a, b)
+        if isinstance(self._reference, np.ndarray):
+            return check(result, a, b, self._reference)
+        return self._reference.check(result)
 
 
 def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_options) -> Row:
@@ -333,7 +348,7 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
             row.mode = prepared.mode
             row.loader = getattr(prepared, "loader", None)
             prepared.run()
-            outcome = check(prepared.result(), a, b, problem.reference)
+            outcome = problem.check(prepared.result())
             row.max_abs_error = outcome.max_abs_error
             if not outcome.passed:
                 row.status = f"FAILED: {outcome.message}"

@@ -126,16 +126,40 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
-def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C = A @ B in float64, computed on the GPU (the same values ``checking.reference`` gives,
-    up to float64 rounding, in milliseconds instead of seconds at 8192^3)."""
-    import torch
+class DeviceProblem:
+    """A, B and their float64 product C = A @ B on the GPU: the same values
+    ``checking.reference`` gives (up to float64 rounding), in milliseconds instead of seconds
+    at 8192^3, kept on the device to check results there."""
 
-    a64 = torch.from_numpy(np.asarray(a, dtype=np.float64)).to("cuda")
-    b64 = torch.from_numpy(np.asarray(b, dtype=np.float64)).to("cuda")
-    product = torch.matmul(a64, b64)
-    del a64, b64
-    return product.cpu().numpy()
+    def __init__(self, a: np.ndarray, b: np.ndarray):
+        import torch
+
+        self.k = a.shape[1]
+        self.a64 = to_device(a).to(torch.float64)
+        self.b64 = to_device(b).to(torch.float64)
+        self.ref64 = torch.matmul(self.a64, self.b64)
+
+    def reference(self) -> np.ndarray:
+        return self.ref64.cpu().numpy()
+
+    def check(self, result: np.ndarray):
+        """``checking.check``'s verdict on ``result``, computed on the GPU."""
+        import torch
+
+        from .checking import CheckOutcome, compare_elements
+
+        result = np.asarray(result)
+        if result.shape != tuple(self.ref64.shape):
+            return CheckOutcome(False, float("inf"), f"result shape {result.shape}, expected {tuple(self.ref64.shape)}")
+        if result.size == 0:
+            return CheckOutcome(True, 0.0, "empty result")
+        got = to_device(result).to(torch.float64)
+        return compare_elements(torch, got, self.ref64, self.a64, self.b64, result.dtype, self.k)
+
+
+def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C = A @ B in float64, computed on the GPU and returned to the host."""
+    return DeviceProblem(a, b).reference()
 
 
 @lru_cache(maxsize=None)

@@ -38,8 +38,8 @@ STEPS=(
     "environment 5 30"
     "loaders 10 120"
     "compile 10 60"
-    "correctness 30 120"
-    "comparison 40 180"
+    "correctness 30 150"
+    "comparison 40 240"
     "verdicts 2 15"
     "sanitizer 20 90"
     "experiments 30 300"
@@ -194,7 +194,7 @@ OUT="$(cd "$1" && pwd)"
 WORK="$(mktemp -d)"
 SITE="$WORK/site"  # packages the loaders step installs (the image's own environment stays untouched)
 export WORK SITE PYTHON ROOT
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 MATMUL_REQUIRE_GPU=1
 unset MATMUL_CUDA_EMULATE
 DEADLINE="${MATMUL_GPU_DEADLINE:-360}"

@@ -131,3 +131,28 @@ def test_require_gpu_turns_gpu_skips_into_failures():
     assert done.returncode != 0
     assert "MATMUL_REQUIRE_GPU=1, but this GPU test would be skipped" in done.stdout
     assert "MATMUL_REQUIRE_GPU=1, but the module would be skipped" in done.stdout
+
+
+@pytest.mark.parametrize("case", ["ok", "nan", "inf", "off"])
+def test_the_check_gives_one_verdict_in_numpy_and_torch(case):
+    """harness.gpu.DeviceProblem checks on the GPU with torch; the rule is the same code."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from harness import checking, make_inputs
+
+    a, b = make_inputs("33x17x65", "float32", seed=5)
+    ref = checking.reference(a, b)
+    result = ref.astype(np.float32)
+    if case == "nan":
+        result[3, 4] = np.nan
+    elif case == "inf":
+        result[0, 0] = np.inf
+    elif case == "off":
+        result[5, 6] += 1e-2
+    by_numpy = checking.check(result, a, b, ref)
+    by_torch = checking.compare_elements(
+        torch, torch.from_numpy(result.astype(np.float64)), torch.from_numpy(ref),
+        torch.from_numpy(a.astype(np.float64)), torch.from_numpy(b.astype(np.float64)), result.dtype, a.shape[1])
+    assert (by_torch.passed, by_torch.message) == (by_numpy.passed, by_numpy.message)
+    assert by_numpy.passed == (case == "ok")

@@ -5,8 +5,8 @@ when it is imported, before Triton is), with small blocks and small shapes becau
 interpreter is slow. With a GPU the same tests run natively; the large shapes, the autotuner
 and the speed targets are in test_triton_gpu.py.
 """
-import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +14,8 @@ from pathlib import Path
 import harness  # first: it chooses the interpreter before anything imports triton
 import numpy as np
 import pytest
-from harness import MatmulInputError, check, make_inputs
+import triton_aot
+from harness import MatmulInputError, check, make_inputs, sass
 from harness.backends import triton_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,97 +198,47 @@ def test_triton_imported_first_is_reported_not_run_wrongly():
 
 
 # --- without a GPU, still compile for one: Hopper and Ampere, ahead of time -----------------------------
-# Triton's wheel carries ptxas, so the kernels can be compiled for sm_90 and sm_80 on any
-# machine. This catches a kernel that no longer compiles natively (the interpreter accepts
-# things the compiler does not), one that lost its tensor-core path, and register spills.
-AOT_CHECK = r"""
-import importlib.util, json, os, re, subprocess, sys, tempfile
-import triton
-try:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-except ImportError as error:
-    print(json.dumps({"skip": f"this Triton has no ahead-of-time compile API ({error})"}))
-    sys.exit(0)
-
-def load(relative):
-    path = os.path.join(sys.argv[1], relative)
-    spec = importlib.util.spec_from_file_location("_aot_" + os.path.basename(path)[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-mm, gv = load("triton/matmul.py"), load("triton/gemv.py")
-assert not mm.INTERPRETED and not gv.INTERPRETED
-cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-
-def build(name, kernel, pointers, dtype, constants, divisible, capability, config):
-    constants = {**constants, **config.kwargs}
-    signature = {arg: "i32" for arg in kernel.arg_names}
-    signature.update({arg: "*" + dtype for arg in pointers})
-    signature.update({arg: "constexpr" for arg in constants})
-    attrs = {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]] for arg in pointers + divisible}
-    try:
-        source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
-        target = GPUTarget("cuda", capability, 32)
-        options = make_backend(target).parse_options({"num_warps": config.num_warps, "num_stages": config.num_stages})
-    except (TypeError, AttributeError) as error:
-        print(json.dumps({"skip": f"this Triton's ahead-of-time compile API differs ({error})"}))
-        sys.exit(0)
-    compiled = triton.compile(source, target=target, options=options.__dict__)
-    usage = None
-    if os.path.exists(cuobjdump):
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-            cubin.write(compiled.asm["cubin"])
-            cubin.flush()
-            out = subprocess.run([cuobjdump, "--dump-resource-usage", cubin.name], capture_output=True, text=True).stdout
-        found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", out)
-        usage = found and {"regs": int(found[1]), "stack": int(found[2]), "local": int(found[3])}
-    ptx = compiled.asm["ptx"]
-    return {"name": name, "sm": capability, "wgmma": "wgmma" in ptx, "mma": "mma.sync" in ptx,
-            "vector16": bool(re.search(r"ld\.global[.\w]*\.v4\.b32", ptx)), "usage": usage}
-
-mm_pointers, mm_divisible = ["a_ptr", "b_ptr", "c_ptr"], ["M", "N", "K", "stride_am", "stride_bk", "stride_cm"]
-row_major = {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1, "UPCAST": False}
-gv_pointers, gv_divisible = ["w_ptr", "x_ptr", "y_ptr"], ["N", "K", "stride_wn"]
-gv_row_major = {"stride_wk": 1, "stride_x": 1, "stride_y": 1}
-half = {**row_major, "INPUT_PRECISION": "tf32"}
-results = [
-    build("matmul fp16", mm.matmul_kernel, mm_pointers, "fp16", half, mm_divisible, 90, mm.HOPPER_CONFIGS[0]),
-    build("matmul bf16", mm.matmul_kernel, mm_pointers, "bf16", half, mm_divisible, 90, mm.HOPPER_CONFIGS[0]),
-    build("matmul bf16", mm.matmul_kernel, mm_pointers, "bf16", half, mm_divisible, 80, mm.AMPERE_CONFIGS[0]),
-    build("matmul fp32", mm.matmul_kernel, mm_pointers, "fp32", {**row_major, "INPUT_PRECISION": "ieee"},
-          mm_divisible, 90, mm.HOPPER_CONFIGS[-1]),
-    build("gemv bf16", gv.gemv_kernel, gv_pointers, "bf16", gv_row_major, gv_divisible, 90, gv.CONFIGS[2]),
-    build("gemv fp16", gv.gemv_kernel, gv_pointers, "fp16", gv_row_major, gv_divisible, 80, gv.CONFIGS[1]),
-]
-print(json.dumps({"results": results}))
-"""
+# tests/triton_aot.py compiles the kernels for sm_90 and sm_80 with the ptxas that Triton's wheel
+# carries. This catches a kernel that no longer compiles natively (the interpreter accepts things
+# the compiler does not), one that lost its tensor-core path or its 16-byte loads, and register
+# spills, which show in the SASS as local-memory stores and loads (STL/LDL); cuobjdump's LOCAL
+# count does not see them. tests/test_sass.py checks more of the SASS.
+AOT_BUILDS = [("matmul", "fp16", 90, "first"), ("matmul", "bf16", 90, "first"), ("matmul", "bf16", 80, "first"),
+              ("matmul", "fp32", 90, "first"), ("gemv", "bf16", 90, 2), ("gemv", "fp16", 80, 1)]
 
 
 def test_kernels_compile_for_hopper_and_ampere():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default either way; silences a notice
-    done = subprocess.run([sys.executable, "-c", AOT_CHECK, str(ROOT)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    if "skip" in report:
-        pytest.skip(report["skip"])
-    for result in report["results"]:
-        where = f"{result['name']} for sm_{result['sm']}"
-        if result["name"].startswith("matmul") and "fp32" not in result["name"]:
-            assert result["wgmma" if result["sm"] >= 90 else "mma"], f"{where}: no tensor-core instruction"
-        if result["name"].startswith("gemv"):
-            assert result["vector16"], f"{where}: no 16-byte loads of W"
-        if result["usage"]:
-            assert result["usage"]["local"] == 0, f"{where} spills registers: {result['usage']}"
+    try:
+        built = triton_aot.compile_kernels(*AOT_BUILDS)
+    except triton_aot.Skip as skip:
+        pytest.skip(str(skip))
+    for compiled in built:
+        where = f"{compiled.name} for {compiled.arch}"
+        if compiled.kernel == "matmul" and compiled.dtype != "fp32":
+            instruction = "wgmma" if compiled.sm >= 90 else "mma.sync"
+            assert instruction in compiled.ptx, f"{where}: no tensor-core instruction ({instruction}) in the PTX"
+        if compiled.kernel == "gemv":
+            assert re.search(r"ld\.global[.\w]*\.v4\.b32", compiled.ptx), f"{where}: no 16-byte loads of W"
+        if sass.cuobjdump():
+            (instructions,) = sass.cubin_sass(compiled.cubin).values()
+            spilled = sass.spills(instructions)
+            assert not spilled, f"{where} spills registers (STL/LDL):\n{sass.excerpt(instructions, spilled)}"
 
 
 def test_autotune_configs_pruned_to_shared_memory(matmul_source, monkeypatch):
-    monkeypatch.setattr(matmul_source, "_shared_memory_limit", lambda index: 232448)  # Hopper: 227 KB per block
-    for dtype, expected in [("float16", len(matmul_source.HOPPER_CONFIGS)), ("float32", 1)]:
-        kept = matmul_source._prune_configs(matmul_source.HOPPER_CONFIGS, {"a_ptr": tensor((2, 2), dtype)})
-        assert len(kept) == expected, [c.kwargs for c in kept]
+    # Half precision keeps every config; FP32 (twice the bytes, and FMAs with every operand in
+    # registers) keeps the configs with BLOCK_K = 32 and at most 64 accumulators per thread.
+    for limit, configs, fp32_kept in [(232448, matmul_source.HOPPER_CONFIGS, 5),  # H100/H200: 227 KiB per block
+                                      (166912, matmul_source.AMPERE_CONFIGS, 4)]:  # A100: 163 KiB
+        monkeypatch.setattr(matmul_source, "_shared_memory_limit", lambda index: limit)
+        for dtype, expected in [("float16", len(configs)), ("bfloat16", len(configs)), ("float32", fp32_kept)]:
+            kept = matmul_source._prune_configs(configs, {"a_ptr": tensor((2, 2), dtype)})
+            assert len(kept) == expected, (limit, dtype, [(c.kwargs, c.num_warps, c.num_stages) for c in kept])
+        fp32 = matmul_source._prune_configs(configs, {"a_ptr": tensor((2, 2), "float32")}, INPUT_PRECISION="ieee")
+        assert all(matmul_source._accumulators_per_thread(c) <= matmul_source.FP32_ACCUMULATORS for c in fp32)
+    # TF32 runs on the tensor cores: the register limit is for FP32 FMAs only.
+    tf32 = matmul_source._prune_configs(matmul_source.AMPERE_CONFIGS, {"a_ptr": tensor((2, 2), "float32")},
+                                        INPUT_PRECISION="tf32")
+    assert any(matmul_source._accumulators_per_thread(c) > matmul_source.FP32_ACCUMULATORS for c in tf32)
     monkeypatch.setattr(matmul_source, "_shared_memory_limit", lambda index: 1024)  # nothing fits: keep the smallest
     assert len(matmul_source._prune_configs(matmul_source.AMPERE_CONFIGS, {"a_ptr": tensor((2, 2), "float32")})) == 1

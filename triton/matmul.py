@@ -139,7 +139,10 @@ def _config(block_m, block_n, block_k, stages, warps, group_m=8):
 # Hopper (sm_90): wgmma is issued per warpgroup (4 warps), so 8 warps run two warpgroups on a
 # 128- or 256-row tile; BLOCK_K = 64 halves is one 128-byte swizzled row per stage; 228 KB of
 # shared memory per SM allows 3-4 stages of a 128 x 256 tile pair in half precision
-# (48 KB per stage). The last config is small enough for FP32 inputs (32 KB per stage).
+# (48 KB per stage). The last five are small enough for FP32 inputs (BLOCK_K = 32: 16-32 KB
+# per stage), which the pruning below would otherwise leave with a single config; their warp
+# counts are those for which ptxas (Triton 3.9) keeps FP32 tiles spill-free: 64 x 128 spills
+# with 4 warps and not with 8, 64 x 64 spills with 4 stages and not with 3.
 HOPPER_CONFIGS = [
     _config(128, 256, 64, stages=3, warps=8),
     _config(256, 128, 64, stages=3, warps=8),
@@ -147,11 +150,16 @@ HOPPER_CONFIGS = [
     _config(128, 128, 64, stages=4, warps=4),
     _config(128, 128, 64, stages=5, warps=8),
     _config(128, 128, 32, stages=3, warps=8),
+    _config(128, 128, 32, stages=4, warps=8),
+    _config(128, 64, 32, stages=4, warps=4),
+    _config(64, 128, 32, stages=4, warps=8),
+    _config(64, 64, 32, stages=3, warps=4),
 ]
 
 # Ampere (sm_80) and other pre-Hopper GPUs: mma.sync per warp, 164 KB of shared memory on
 # A100 (less on consumer parts, which the shared-memory pruning below accounts for), so
-# BLOCK_K = 32 and 3-4 stages.
+# BLOCK_K = 32 and 3-4 stages. FP32 inputs keep the 128 x 64, 64 x 128 and the last two
+# (see FP32_ACCUMULATORS).
 AMPERE_CONFIGS = [
     _config(128, 256, 32, stages=3, warps=8),
     _config(256, 128, 32, stages=3, warps=8),
@@ -159,7 +167,15 @@ AMPERE_CONFIGS = [
     _config(128, 64, 32, stages=4, warps=4),
     _config(64, 128, 32, stages=4, warps=4),
     _config(128, 128, 64, stages=3, warps=8),
+    _config(128, 128, 32, stages=4, warps=8),
+    _config(64, 64, 32, stages=4, warps=4),
 ]
+
+# FP32 inputs multiply in "ieee" precision: tl.dot becomes FMAs on the CUDA cores, with the
+# accumulator and the A and B values it multiplies all in registers. Above 64 accumulators per
+# thread ptxas spills to local memory (Triton 3.9, sm_80: 128 x 256 and 256 x 128 with 8 warps,
+# 128 x 128 with 4 warps, each with hundreds of spill instructions), so FP32 keeps to this.
+FP32_ACCUMULATORS = 64
 
 # The interpreter runs programs one after another in NumPy: small blocks keep the edge tiles
 # cheap, and one config is enough (there is nothing to tune).
@@ -174,17 +190,25 @@ def _shared_memory_limit(device_index):
         return None
 
 
-def _prune_configs(configs, named_args, **kwargs):
-    """Drop configs whose pipelined tiles cannot fit in shared memory for this dtype.
+def _accumulators_per_thread(config):
+    return config.kwargs["BLOCK_M"] * config.kwargs["BLOCK_N"] // (32 * config.num_warps)
 
-    Compiling them would only fail (Triton reports OutOfResources); skipping them saves the
-    autotuner a compile each, which matters most for FP32, whose tiles are twice as large.
+
+def _prune_configs(configs, named_args, **kwargs):
+    """Drop configs whose pipelined tiles cannot fit in shared memory for this dtype, and for
+    FP32 multiplied in "ieee" precision those that would spill registers (FP32_ACCUMULATORS).
+
+    Compiling them would only fail (Triton reports OutOfResources) or run slowly; skipping
+    them saves the autotuner a compile each, which matters most for FP32, whose tiles are
+    twice as large.
     """
     a = named_args["a_ptr"]
+    size = a.element_size()
+    if size == 4 and kwargs.get("INPUT_PRECISION", "ieee") == "ieee":
+        configs = [c for c in configs if _accumulators_per_thread(c) <= FP32_ACCUMULATORS] or configs
     limit = _shared_memory_limit(a.device.index or 0)
     if limit is None:
         return configs
-    size = a.element_size()
 
     def need(config):
         kw = config.kwargs

@@ -1,0 +1,255 @@
+"""Each technique shows in the machine code: checked in the SASS, without a GPU.
+
+A kernel can be correct and still miss the point of its technique: float4 loads that the
+compiler splits into scalar ones, WMMA fragments that do not load with ldmatrix, registers that
+spill to local memory. nvcc (for cuda/) and Triton's ptxas (for triton/) compile for sm_90 and
+sm_80 on any machine, and ``cuobjdump -sass`` shows what came out (harness/sass.py).
+
+Opcodes are matched on their base and modifiers in any order (``LDG`` with ``128`` matches
+``LDG.E.128`` and ``LDG.E.128.CONSTANT``), so a compiler that spells a load differently does
+not fail a check that still holds. The last tests compile kernels built to fail the checks,
+so that a check which can never fail would be noticed.
+"""
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+
+import pytest
+
+from harness import sass
+from harness.sources import source_path
+
+import triton_aot
+
+CUDA_SOURCES = sorted(f"cuda/{path.name}" for path in source_path("cuda").glob("*.cu"))
+ARCHS = ("sm_80", "sm_90")
+
+needs_nvcc_and_cuobjdump = pytest.mark.skipif(sass.unavailable_reason() is not None, reason=str(sass.unavailable_reason()))
+needs_cuobjdump = pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not found: " + str(sass.unavailable_reason()))
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+
+
+@lru_cache(maxsize=None)
+def cuda_kernels(source: str, arch: str) -> dict[str, list[str]]:
+    return sass.cuda_sass(source, arch)
+
+
+# ---- the checks, shared by the real kernels and the ones built to fail -----------------------------
+def _opcode_summary(instructions: list[str]) -> str:
+    counts = sass.opcodes(instructions)
+    return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+
+
+def expect(instructions: list[str], where: str, base: str, *modifiers: str, why: str) -> list[int]:
+    """Assert that an instruction ``base`` with ``modifiers`` is present; ``where`` names the
+    kernel and the architecture."""
+    hits = sass.find(instructions, base, *modifiers)
+    wanted = ".".join((base, *modifiers))
+    assert hits, (
+        f"{where}: expected {wanted} ({why}), found none.\n"
+        f"Its {base} instructions:\n{sass.excerpt(instructions, sass.find(instructions, base))}\n"
+        f"All its opcodes: {_opcode_summary(instructions)}"
+    )
+    return hits
+
+
+def expect_no_spills(instructions: list[str], where: str) -> None:
+    hits = sass.spills(instructions)
+    assert not hits, (
+        f"{where}: expected no STL/LDL (registers spilled to local memory, which lives in DRAM), "
+        f"found {len(hits)}:\n{sass.excerpt(instructions, hits)}"
+    )
+
+
+# ---- reading cuobjdump's output (no tools needed) ---------------------------------------------------------
+CUOBJDUMP_OUTPUT = """
+\tcode for sm_90
+\t\tFunction : first
+\t.headerflags\t@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
+                                                                          /* 0x000fe40000000800 */
+        /*0010*/              @!P0 LDG.E.128.CONSTANT R4, desc[UR6][R2.64] ;  /* 0x0000000602047981 */
+        /*0020*/                   STL [R1+0x4], R2 ;                     /* 0x0000040201007387 */
+\t\t..........
+\t\tFunction : second
+        /*0000*/                   LDSM.16.MT88.4 R8, [R12] ;             /* 0x000000000c08783b */
+        /*0010*/                   EXIT ;                                 /* 0x000000000000794d */
+"""
+
+
+def test_parse_sass():
+    kernels = sass.parse_sass(CUOBJDUMP_OUTPUT)
+    assert kernels == {"first": ["LDC R1, c[0x0][0x28]", "@!P0 LDG.E.128.CONSTANT R4, desc[UR6][R2.64]", "STL [R1+0x4], R2"],
+                       "second": ["LDSM.16.MT88.4 R8, [R12]", "EXIT"]}
+    first = kernels["first"]
+    assert sass.opcodes(first) == {"LDC": 1, "LDG.E.128.CONSTANT": 1, "STL": 1}
+    assert sass.find(first, "LDG", "128") == [1] and sass.find(first, "LDG", "128", "EF") == []
+    assert sass.find(first, "LD") == [] and sass.spills(first) == [2]
+    assert "> " in sass.excerpt(first, [2]) and "STL [R1+0x4], R2" in sass.excerpt(first, [2])
+
+
+# ---- cuda/ -------------------------------------------------------------------------------------------------
+@needs_nvcc_and_cuobjdump
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", CUDA_SOURCES)
+def test_cuda_kernels_do_not_spill(source, arch):
+    kernels = cuda_kernels(source, arch)
+    assert kernels, f"cuobjdump found no kernel in {source} for {arch}"
+    for name, instructions in kernels.items():
+        expect_no_spills(instructions, f"{name} ({source}) on {arch}")
+
+
+@needs_nvcc_and_cuobjdump
+@pytest.mark.parametrize("arch", ARCHS)
+def test_register_tiled_loads_16_bytes(arch):
+    instructions = cuda_kernels("cuda/register_tiled.cu", arch)["register_tiled_f32"]
+    where = f"register_tiled_f32 on {arch}"
+    expect(instructions, where, "LDG", "128", why="float4 loads of A and B from global memory")
+    expect(instructions, where, "LDS", "128", why="float4 reads of the shared tiles, TM or TN values at once")
+
+
+@needs_nvcc_and_cuobjdump
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", ["gemv_bf16", "gemv_f32"])
+def test_gemv_loads_16_bytes(kernel, arch):
+    instructions = cuda_kernels("cuda/gemv.cu", arch)[kernel]
+    expect(instructions, f"{kernel} on {arch}", "LDG", "128", why="W and x streamed in 16-byte vectors")
+
+
+@needs_nvcc_and_cuobjdump
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", ["wmma_bf16", "wmma_f16"])
+def test_wmma_uses_ldmatrix_and_tensor_cores(kernel, arch):
+    instructions = cuda_kernels("cuda/wmma.cu", arch)[kernel]
+    where = f"{kernel} on {arch}"
+    expect(instructions, where, "LDSM", why="fragments loaded from shared memory with ldmatrix")
+    expect(instructions, where, "HMMA", why="mma_sync on the tensor cores")
+    if kernel == "wmma_bf16":
+        expect(instructions, where, "HMMA", "BF16", why="BF16 inputs")
+    # What the BF16 kernel compiled to before its fragments were loaded through inline PTX:
+    # generic loads (LD, not LDS) and a MOVM transpose per register of B (see cuda/wmma.cu).
+    generic = sass.find(instructions, "LD") + sass.find(instructions, "MOVM")
+    assert not generic, (f"{where}: expected no generic LD or MOVM (fragment loads that missed ldmatrix), "
+                         f"found {len(generic)}:\n{sass.excerpt(instructions, sorted(generic))}")
+
+
+# ---- triton/ --------------------------------------------------------------------------------------------------
+def triton_kernels(*requests) -> list[triton_aot.Compiled]:
+    try:
+        return triton_aot.compile_kernels(*requests)
+    except triton_aot.Skip as skip:
+        pytest.skip(str(skip))
+
+
+def triton_sass(compiled: triton_aot.Compiled) -> list[str]:
+    kernels = sass.cubin_sass(compiled.cubin)
+    assert len(kernels) == 1, f"{compiled.name} on {compiled.arch}: expected one kernel in the cubin, got {list(kernels)}"
+    return next(iter(kernels.values()))
+
+
+# What Triton should make of tl.dot in half precision: wgmma on Hopper, mma.sync on Ampere.
+TENSOR_CORE = {90: ("HGMMA", "warpgroup MMAs (wgmma) on Hopper's tensor cores"),
+               80: ("HMMA", "warp-level mma.sync on the tensor cores")}
+
+
+@needs_cuobjdump
+@needs_triton
+@pytest.mark.parametrize("sm", [90, 80])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_triton_matmul_uses_tensor_cores(dtype, sm):
+    # All four in one request: one child process (and Triton import) instead of four.
+    built = triton_kernels(*[("matmul", d, s, "first") for d in ("bf16", "fp16") for s in (90, 80)])
+    (compiled,) = [c for c in built if c.dtype == dtype and c.sm == sm]
+    instructions = triton_sass(compiled)
+    where = f"Triton {compiled.name} on {compiled.arch}"
+    opcode, why = TENSOR_CORE[sm]
+    expect(instructions, where, opcode, *(["BF16"] if dtype == "bf16" else []), why=why)
+    expect_no_spills(instructions, where)
+
+
+# One config per kernel, dtype and architecture; every config is in the slow test below.
+TRITON_DEFAULT_SET = [("matmul", "fp32", 90, "first"), ("matmul", "fp32", 80, "every"),
+                      ("gemv", "bf16", 90, "first"), ("gemv", "fp16", 90, "first"), ("gemv", "fp32", 90, "first"),
+                      ("gemv", "bf16", 80, "first")]
+
+
+@needs_cuobjdump
+@needs_triton
+def test_triton_kernels_do_not_spill():
+    for compiled in triton_kernels(*TRITON_DEFAULT_SET):
+        instructions, where = triton_sass(compiled), f"Triton {compiled.name} on {compiled.arch}"
+        expect_no_spills(instructions, where)
+        if compiled.kernel == "gemv":
+            expect(instructions, where, "LDG", "128", why="rows of W read in 16-byte vectors")
+
+
+@pytest.mark.slow
+@needs_cuobjdump
+@needs_triton
+def test_every_triton_autotune_config_fits_and_does_not_spill():
+    """Every config the autotuner would try: for the matmul those its pruning keeps for the
+    dtype on an H100/H200 (sm_90) or an A100 (sm_80)."""
+    requests = [("matmul", dtype, sm, "every") for dtype in ("bf16", "fp32") for sm in (90, 80)]
+    requests += [("gemv", dtype, 90, "every") for dtype in ("bf16", "fp32")]
+    for compiled in triton_kernels(*requests):
+        where = f"Triton {compiled.name} on {compiled.arch}"
+        expect_no_spills(triton_sass(compiled), where)
+        assert compiled.shared <= triton_aot.SHARED_MEMORY[compiled.sm], (
+            f"{where}: uses {compiled.shared} bytes of shared memory, more than the "
+            f"{triton_aot.SHARED_MEMORY[compiled.sm]} the pruning assumed")
+
+
+@needs_cuobjdump
+@needs_triton
+def test_triton_gemv_stage_count_changes_nothing():
+    """Why triton/gemv.py has no num_stages axis: the SASS is the same for 1 and 4 stages."""
+    one, four = triton_kernels(("gemv", "bf16", 90, 0, 1), ("gemv", "bf16", 90, 0, 4))
+    assert triton_sass(one) == triton_sass(four), (
+        f"Triton {one.name} and {four.name} on sm_90 differ: the stage count now changes the GEMV, "
+        "so num_stages may be worth tuning again in triton/gemv.py")
+
+
+# ---- the checks can fail -----------------------------------------------------------------------------------
+SPILLING_KERNEL = r'''
+// An array indexed at run time cannot live in registers, and 16 registers are too few anyway.
+extern "C" __global__ void forced_to_spill(float* out, const int* index, int n)
+{
+    float scratch[64];
+    for (int i = 0; i < 64; ++i) scratch[i] = out[i * n + threadIdx.x] * 2.f;
+    out[threadIdx.x] = scratch[index[threadIdx.x] & 63];
+}
+'''
+
+SCALAR_KERNEL = r'''
+extern "C" __global__ void scalar_copy(const float* __restrict__ in, float* __restrict__ out, int n)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i];
+}
+extern "C" __global__ void vector_copy(const float4* __restrict__ in, float4* __restrict__ out, int n)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i];
+}
+'''
+
+
+@needs_nvcc_and_cuobjdump
+def test_spill_check_fails_on_a_kernel_that_spills(tmp_path):
+    source = tmp_path / "spilling.cu"
+    source.write_text(SPILLING_KERNEL)
+    instructions = sass.cuda_sass(source, "sm_90", extra_flags=("-maxrregcount=16",))["forced_to_spill"]
+    assert sass.find(instructions, "STL") and sass.find(instructions, "LDL"), _opcode_summary(instructions)
+    with pytest.raises(AssertionError, match=r"(?s)forced_to_spill on sm_90: expected no STL/LDL.*> +\d+  (STL|LDL)"):
+        expect_no_spills(instructions, "forced_to_spill on sm_90")
+
+
+@needs_nvcc_and_cuobjdump
+def test_vector_load_check_fails_on_scalar_loads(tmp_path):
+    source = tmp_path / "copies.cu"
+    source.write_text(SCALAR_KERNEL)
+    kernels = sass.cuda_sass(source, "sm_90")
+    expect(kernels["vector_copy"], "vector_copy on sm_90", "LDG", "128", why="float4 loads")
+    with pytest.raises(AssertionError, match=r"scalar_copy on sm_90: expected LDG\.128 .*found none(.|\n)*LDG\.E"):
+        expect(kernels["scalar_copy"], "scalar_copy on sm_90", "LDG", "128", why="float4 loads")
