@@ -103,6 +103,14 @@ class Results:
         console.print(self.table())
         return console.file.getvalue()
 
+    @classmethod
+    def from_json(cls, path) -> "Results":
+        """Results written by ``to_json``, to print, plot or judge again."""
+        data = json.loads(Path(path).read_text())
+        fields = set(Row.__dataclass_fields__)
+        rows = [Row(**{k: v for k, v in row.items() if k in fields}) for row in data["results"]]
+        return cls(rows, data.get("machine", {}), data.get("settings", {}))
+
     def to_dict(self) -> dict:
         return {"machine": self.machine, "settings": self.settings, "results": [asdict(r) for r in self.rows]}
 
@@ -144,19 +152,27 @@ class Results:
         def label(row):
             return f"{row.implementation} ({row.dtype})" if several_dtypes else row.implementation
 
-        cpu = self.machine.get("cpu_model", "")
-        threads = self.settings.get("threads")
-        heading = title or f"matmul - {cpu}" + (f", {threads} thread(s)" if threads else "")
+        if timed and all(row.device == "gpu" for row in timed) and self.machine.get("gpu"):
+            heading = title or f"matmul - {self.machine['gpu'].get('name', 'GPU')}"
+        else:
+            cpu = self.machine.get("cpu_model", "")
+            threads = self.settings.get("threads")
+            heading = title or f"matmul - {cpu}" + (f", {threads} thread(s)" if threads else "")
+        # One colour per implementation, one line style per dtype: a dozen series stay apart.
+        names = sorted({row.implementation for row in timed})
+        colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
+        styles = {dtype: style for dtype, style in zip(sorted({row.dtype for row in timed}), ("-", "--", ":", "-."))}
         if gemm or not gemv:
             ax = axes[0][0]
-            series: dict[str, list[tuple[float, float]]] = {}
+            series: dict[tuple[str, str], list[tuple[float, float]]] = {}
             for row in gemm:
                 shape = parse_shape(row.shape)
                 size = (shape.m * shape.n * shape.k) ** (1 / 3)  # geometric mean edge: one x axis for any shape
-                series.setdefault(label(row), []).append((size, row.gflops))
-            for name, points in series.items():
+                series.setdefault((row.implementation, row.dtype), []).append((size, row.gflops))
+            for (name, dtype), points in series.items():
                 points.sort()
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colours[name],
+                        linestyle=styles[dtype], label=f"{name} ({dtype})" if several_dtypes else name)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("problem size (cube root of M*N*K)")
@@ -164,7 +180,8 @@ class Results:
             ax.set_title(heading, fontsize=10)
             ax.grid(True, which="both", alpha=0.3)
             if series:
-                ax.legend(fontsize=8, loc="best")
+                # below the axes, where it hides no point however many series there are
+                ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
         if gemv:
             ax = axes[0][panels - 1]
             names = [f"{label(row)} {row.shape}" for row in gemv]
@@ -174,7 +191,7 @@ class Results:
             ax.set_title("GEMV shapes (M = 1): a bandwidth problem" if gemm else heading, fontsize=10)
             ax.tick_params(axis="y", labelsize=7)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         return path
 

@@ -14,6 +14,7 @@ one timer without reaching into each other.
 """
 from __future__ import annotations
 
+import warnings
 from functools import lru_cache
 
 import numpy as np
@@ -104,11 +105,15 @@ def to_device(array: np.ndarray):
     import torch
 
     array = np.ascontiguousarray(array)
-    if BFLOAT16 is not None and array.dtype == BFLOAT16:
-        tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    else:
-        tensor = torch.from_numpy(array)
-    return tensor.to("cuda", non_blocking=False)
+    # A read-only array (the experiments share theirs) makes torch warn that writing to the
+    # host tensor is undefined; it is only read, by the copy to the device.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        if BFLOAT16 is not None and array.dtype == BFLOAT16:
+            tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(array)
+        return tensor.to("cuda", non_blocking=False)
 
 
 def to_numpy(tensor) -> np.ndarray:

@@ -210,7 +210,10 @@ scaled() { awk -v s="$1" -v k="$SCALE" 'BEGIN { v = int(s * k + 0.5); print (v <
 log() { echo "[gpu_check +$(( $(date +%s) - START ))s] $*"; }
 summary() { echo "$*" >> "$OUT/summary.txt"; }
 
-summary "gpu_check: deadline ${DEADLINE}s, started $(date -u +%Y-%m-%dT%H:%M:%SZ), $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+# The sources' own hash: a copied tree may carry no .git, or a stale one.
+sources_hash="$(cd "$ROOT" && find harness cuda triton scripts tests -type f \( -name '*.py' -o -name '*.cu' -o -name '*.h' -o -name '*.sh' \) \
+    | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)"
+summary "gpu_check: deadline ${DEADLINE}s, started $(date -u +%Y-%m-%dT%H:%M:%SZ), sources $sources_hash"
 for step in "${STEPS[@]}"; do
     read -r name least most <<< "$step"
     least="$(scaled "$least")"

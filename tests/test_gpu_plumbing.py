@@ -156,3 +156,14 @@ def test_the_check_gives_one_verdict_in_numpy_and_torch(case):
         torch.from_numpy(a.astype(np.float64)), torch.from_numpy(b.astype(np.float64)), result.dtype, a.shape[1])
     assert (by_torch.passed, by_torch.message) == (by_numpy.passed, by_numpy.message)
     assert by_numpy.passed == (case == "ok")
+
+
+def test_results_round_trip_through_json(tmp_path):
+    """A comparison's JSON (a GPU run's, say) can be read back to print, plot and judge."""
+    import harness
+    from harness.compare import Results
+
+    results = harness.compare(["8x9x10"], "numpy.matmul", ["float32"], min_time=0.001)
+    back = Results.from_json(results.to_json(tmp_path / "r.json"))
+    assert [r.__dict__ for r in back.rows] == [r.__dict__ for r in results.rows]
+    assert back.plot(tmp_path / "r.png").stat().st_size > 0
