@@ -155,6 +155,11 @@ def main(argv=None) -> int:
         registry.implementations(*(args.impls or []))
     except KeyError as error:
         parser.error(str(error.args[0]))
+    for path in (args.json, args.csv, args.plot):
+        if path:
+            problem = _unwritable(path)
+            if problem:
+                parser.error(f"cannot write {path}: {problem}")
     results = compare(
         args.shapes, args.impls, args.dtypes, threads=args.threads or None, min_time=args.min_time,
         seed=args.seed, allow_slow=True if args.allow_slow else None, baselines=not args.no_baseline,
@@ -165,4 +170,27 @@ def main(argv=None) -> int:
         if path:
             print(f"wrote {writer(path)}")
     failed = [r for r in results.rows if r.status.startswith(("FAILED", "error"))]
-    return 1 if failed else 0
+    if failed:
+        sys.stderr.write(f"{len(failed)} row(s) failed or raised: see the status column\n")
+        return 1
+    if not any(r.passed for r in results.rows):
+        sys.stderr.write("nothing ran: every row was skipped or unavailable (see the status column)\n")
+        return 1
+    return 0
+
+
+def _unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written, checked before a comparison that may take minutes."""
+    from pathlib import Path
+
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        existed = target.exists()
+        with open(target, "a"):
+            pass
+        if not existed:
+            target.unlink()
+    except OSError as error:
+        return error.strerror or str(error)
+    return None

@@ -2,7 +2,10 @@
 
 In a checkout the library is built with CMake into ``build/harness-c/`` and rebuilt whenever
 a C source, header or CMakeLists.txt is newer than it, so an edited ``c/*.c`` takes effect on
-the next run. An installed wheel uses the library it was built with (``harness/_lib``).
+the next run. A build counts only once it has finished: a stamp beside the library records
+the size and time of the library a successful build produced, so a build killed while linking
+(which can leave a truncated library newer than its sources) is rebuilt, not loaded. When the
+library is current nothing is locked or written, so a read-only checkout works. An installed wheel uses the library it was built with (``harness/_lib``).
 ``MATMUL_C_LIBRARY=/path/to/libmatmul.so`` overrides both (the sanitizer build uses it).
 """
 from __future__ import annotations
@@ -58,8 +61,21 @@ def _c_inputs(root: Path) -> list[Path]:
     return [root / "CMakeLists.txt", *sorted((root / "c").rglob("*.[ch]"))]
 
 
+def _stamp(library: Path) -> Path:
+    return library.with_name(library.name + ".built")
+
+
+def _fingerprint(library: Path) -> str:
+    info = library.stat()
+    return f"{info.st_size} {info.st_mtime_ns}\n"
+
+
 def _is_stale(library: Path, root: Path) -> bool:
-    if not library.is_file():
+    """True unless ``library`` is what a finished build produced and newer than every source."""
+    try:
+        if _stamp(library).read_text() != _fingerprint(library):
+            return True
+    except OSError:  # no library, or no stamp: never finished building
         return True
     built = library.stat().st_mtime_ns
     return any(p.stat().st_mtime_ns > built for p in _c_inputs(root))
@@ -85,6 +101,9 @@ def build_in_checkout(build_dir: Path | None = None, *extra_cmake_args: str) -> 
     root = sources.sources_root()
     build_dir = build_dir or checkout_build_dir()
     cmake = _cmake()
+    # A library left by a build killed while linking can be newer than the objects, and CMake
+    # would keep it: remove it so it is linked again (unlinking leaves a loaded copy intact).
+    (build_dir / _library_filename()).unlink(missing_ok=True)
     commands = [
         [cmake, "-S", str(root), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *extra_cmake_args],
         [cmake, "--build", str(build_dir), "--parallel"],
@@ -99,6 +118,7 @@ def build_in_checkout(build_dir: Path | None = None, *extra_cmake_args: str) -> 
     if not library.is_file():
         raise CLibraryError(f"CMake finished but {library} is missing")
     library.touch()  # a no-op rebuild must still make the library newer than its sources
+    _stamp(library).write_text(_fingerprint(library))  # last: the build is complete
     return library
 
 
@@ -109,8 +129,10 @@ def library_path() -> Path:
         return Path(override)
     if sources.in_checkout():
         library = checkout_build_dir() / _library_filename()
+        if not _is_stale(library, sources.sources_root()):
+            return library  # current: no lock, nothing written (a read-only checkout works)
         with _build_lock, interprocess_lock(checkout_build_dir()):
-            if _is_stale(library, sources.sources_root()):
+            if _is_stale(library, sources.sources_root()):  # another process may have built it
                 build_in_checkout()
         return library
     installed = sources.PACKAGE_DIR / "_lib" / _library_filename()
@@ -141,5 +163,14 @@ def _load(path: str):
 
 def load():
     """(ffi, lib). The library is checked for staleness (and rebuilt) on every call, but a
-    process keeps the copy it loaded first: the dynamic loader will not load a path twice."""
-    return _load(str(library_path()))
+    process keeps the copy it loaded first: the dynamic loader will not load a path twice.
+    A checkout's library that will not load is rebuilt once (a damaged file)."""
+    path = library_path()
+    try:
+        return _load(str(path))
+    except CLibraryError:
+        if os.environ.get("MATMUL_C_LIBRARY") or not sources.in_checkout():
+            raise
+        _stamp(path).unlink(missing_ok=True)
+        _load.cache_clear()
+        return _load(str(library_path()))

@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from . import machine
-from .checking import check, reference
+from .checking import Reference, check, reference_data
 from .core import Matmul, MatmulInputError, check_problem
 from .inputs import Shape, dtype_name, make_inputs, parse_shape
 from .registry import REGISTRY, implementations
@@ -115,9 +115,11 @@ class Results:
         return {"machine": self.machine, "settings": self.settings, "results": [asdict(r) for r in self.rows]}
 
     def to_json(self, path) -> Path:
+        """Strict JSON: a number that is NaN or infinite (the error of a failed row) is
+        written as null; the row's status says what happened."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        path.write_text(json.dumps(_finite_or_null(self.to_dict()), indent=2, default=str, allow_nan=False) + "\n")
         return path
 
     def to_csv(self, path) -> Path:
@@ -194,6 +196,16 @@ class Results:
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         return path
+
+
+def _finite_or_null(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def _fmt(value, pattern: str) -> str:
@@ -289,14 +301,14 @@ def _reference_on_gpu(flops: float, devices) -> bool:
     return flops >= GPU_REFERENCE_MIN_FLOPS and "gpu" in devices and gpu.available()
 
 
-def reference_for(a: np.ndarray, b: np.ndarray, devices) -> np.ndarray:
-    """The float64 reference of ``a @ b``: on the GPU when GPU implementations will be
+def reference_for(a: np.ndarray, b: np.ndarray, devices) -> Reference:
+    """The float64 reference of ``a @ b`` (``checking.Reference``): on the GPU when GPU implementations will be
     checked against it, a GPU is here and the problem is big; else NumPy's on the host."""
     from . import gpu
 
     if _reference_on_gpu(2 * a.shape[0] * a.shape[1] * b.shape[1], devices):
         return gpu.reference(a, b)
-    return reference(a, b)
+    return reference_data(a, b)
 
 
 def _gpu_info() -> dict:
@@ -307,6 +319,25 @@ def _gpu_info() -> dict:
     info = gpu.device_info()
     info["copy_bandwidth_gbps"] = round(gpu.copy_bandwidth_gbps(), 1)
     return info
+
+
+def _threads_used(impl, threads: int | None, run_options: dict) -> int:
+    """The thread count a CPU row runs with (None: the library's or the kernel's default)."""
+    if impl.threaded:
+        chosen = run_options.get("threads")
+        if chosen is None:
+            from .backends.c import default_threads
+
+            return default_threads()
+        return int(chosen)
+    if impl.baseline:
+        if threads is not None:
+            return threads
+        from threadpoolctl import threadpool_info
+
+        counts = [pool["num_threads"] for pool in threadpool_info() if pool.get("user_api") == "blas"]
+        return max(counts, default=1)
+    return 1
 
 
 class _Problem:
@@ -333,8 +364,8 @@ class _Problem:
 
                 self._reference = DeviceProblem(a, b)
             else:
-                self._reference = reference(a, b)
-        if isinstance(self._reference, np.ndarray):
+                self._reference = reference_data(a, b)
+        if isinstance(self._reference, Reference):
             return check(result, a, b, self._reference)
         return self._reference.check(result)
 
@@ -354,9 +385,8 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
     run_options = dict(impl_options)
     if impl.threaded and threads is not None:
         run_options.setdefault("threads", threads)
-        row.threads = run_options["threads"]
-    elif impl.device == "cpu":
-        row.threads = threads if impl.baseline else 1
+    if impl.device == "cpu":
+        row.threads = _threads_used(impl, threads, run_options)
     try:
         matmul = Matmul(impl, allow_slow=allow_slow, **run_options)
         with blas_limits(threads):

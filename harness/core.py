@@ -28,6 +28,10 @@ class MatmulInputError(ValueError):
     """Inputs an implementation cannot take: wrong ndim, shapes, dtype, or size."""
 
 
+class ResultError(RuntimeError):
+    """An implementation returned something other than an array of the problem's dtype and shape."""
+
+
 class UnavailableError(RuntimeError):
     """The implementation cannot run on this machine (no GPU, a package missing, ...)."""
 
@@ -95,6 +99,21 @@ def slow_allowed(allow_slow: bool | None) -> bool:
     return os.environ.get(ALLOW_SLOW_ENV, "") not in ("", "0", "false", "no")
 
 
+def problem_bytes(shape: Shape, dtype_label: str) -> int:
+    """Host memory a checked run needs: A, B and C in the dtype, the float64 reference and the
+    error model's second float64 product (checking.py), and the float64 copies of A and B."""
+    itemsize = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}.get(dtype_label, 8)
+    m, n, k = shape
+    return (m * k + k * n + m * n) * itemsize + 8 * (2 * m * n + 2 * (m * k + k * n))
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | None = None) -> None:
     """Refuse, with a message that names what is wrong, a problem ``impl`` cannot take."""
     name = dtype_name(dtype)
@@ -113,6 +132,13 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
                 f"{impl.name} runs {mode} on the CPU here, which is checked only up to 256x256x256 "
                 f"(got {shape}); pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run it anyway"
             )
+    needed = problem_bytes(shape, name)
+    memory = physical_memory_bytes()
+    if memory and needed > memory:
+        raise MatmulInputError(
+            f"{shape} (MxNxK) in {name} needs about {needed / 2**30:.0f} GiB for its inputs, result and float64 "
+            f"reference; this machine has {memory / 2**30:.0f} GiB"
+        )
     if impl.max_flops is not None and shape.flops > impl.max_flops and not slow_allowed(allow_slow):
         estimate = ""
         if impl.slow_rate:
@@ -124,14 +150,36 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
         )
 
 
-def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Check a and b for ``impl``; return C-contiguous arrays (copies where needed).
+def _plain_array(impl: Implementation, label: str, x) -> np.ndarray:
+    """``x`` as a plain, native-byte-order ndarray, or a MatmulInputError saying why not.
 
-    The caller's arrays are never modified: a non-contiguous or Fortran-ordered input is
-    copied into C order, never reinterpreted.
+    A masked array is refused: no kernel here can honour a mask, and multiplying the hidden
+    values would be silently wrong (pass ``x.filled(value)`` or ``x.data`` to choose). Other
+    subclasses (np.matrix, np.memmap) are read as the plain arrays they hold. A big-endian
+    array is converted to native order: its bytes must never reach C or a GPU as they are.
     """
-    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
-        raise MatmulInputError(f"{impl.name} expects NumPy arrays, got {type(a).__name__} and {type(b).__name__}")
+    if isinstance(x, np.ma.MaskedArray):
+        raise MatmulInputError(
+            f"{impl.name}: {label} is a masked array, and masks are not honoured; pass {label}.filled(value) "
+            f"or {label}.data to say which values to multiply"
+        )
+    if not isinstance(x, np.ndarray):
+        raise MatmulInputError(f"{impl.name} expects NumPy arrays, got {type(x).__name__} for {label}")
+    x = np.asarray(x)
+    if not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
+def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Check a and b for ``impl``; return native-order, aligned, C-contiguous arrays (copies
+    where needed), so no implementation ever sees strides, offsets or byte orders.
+
+    The caller's arrays are never modified: a non-contiguous, misaligned, Fortran-ordered or
+    byte-swapped input is copied, never reinterpreted.
+    """
+    a = _plain_array(impl, "A", a)
+    b = _plain_array(impl, "B", b)
     if a.ndim != 2 or b.ndim != 2:
         raise MatmulInputError(
             f"{impl.name} expects two 2-D arrays, A [M, K] and B [K, N]; got {a.ndim}-D A {a.shape} and {b.ndim}-D B {b.shape}"
@@ -144,7 +192,19 @@ def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) 
     if a.dtype != b.dtype:
         raise MatmulInputError(f"A and B must have the same dtype, got {dtype_name(a.dtype)} and {dtype_name(b.dtype)}")
     check_problem(impl, Shape(a.shape[0], b.shape[1], a.shape[1]), a.dtype, allow_slow)
-    return np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return (np.require(a, requirements=["C_CONTIGUOUS", "ALIGNED"]),
+            np.require(b, requirements=["C_CONTIGUOUS", "ALIGNED"]))
+
+
+def check_result(impl: Implementation, result, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An implementation must return an ndarray of the problem's dtype and shape; anything
+    else is a bug in it, reported as one rather than passed on."""
+    expected = (a.shape[0], b.shape[1])
+    if not isinstance(result, np.ndarray) or result.shape != expected or result.dtype != a.dtype:
+        got = (f"{type(result).__name__} {getattr(result, 'shape', '')} {dtype_name(result.dtype)}"
+               if isinstance(result, np.ndarray) else type(result).__name__)
+        raise ResultError(f"{impl.name} returned {got}; it must return a {expected} {dtype_name(a.dtype)} array")
+    return result
 
 
 @dataclass
@@ -194,6 +254,7 @@ class Matmul:
         return self.impl.backend.prepare(self.impl, a, b, self.options)
 
     def __call__(self, a, b) -> np.ndarray:
+        a, b = validate_inputs(self.impl, a, b, self.allow_slow)
         prepared = self.prepare(a, b)
         prepared.run()
-        return prepared.result()
+        return check_result(self.impl, prepared.result(), a, b)

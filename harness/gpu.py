@@ -132,20 +132,24 @@ def torch_dtype(name: str):
 
 
 class DeviceProblem:
-    """A, B and their float64 product C = A @ B on the GPU: the same values
-    ``checking.reference`` gives (up to float64 rounding), in milliseconds instead of seconds
+    """A, B, their float64 product and the terms' norm (``checking.Reference``) on the GPU:
+    the values the host computes, up to float64 rounding, in milliseconds instead of seconds
     at 8192^3, kept on the device to check results there."""
 
     def __init__(self, a: np.ndarray, b: np.ndarray):
         import torch
 
         self.k = a.shape[1]
-        self.a64 = to_device(a).to(torch.float64)
-        self.b64 = to_device(b).to(torch.float64)
-        self.ref64 = torch.matmul(self.a64, self.b64)
+        self.dtype = a.dtype
+        a64 = to_device(a).to(torch.float64)
+        b64 = to_device(b).to(torch.float64)
+        self.product = torch.matmul(a64, b64)
+        self.terms_norm = torch.sqrt(torch.matmul(a64 * a64, b64 * b64))
 
-    def reference(self) -> np.ndarray:
-        return self.ref64.cpu().numpy()
+    def reference(self):
+        from .checking import Reference
+
+        return Reference(self.product.cpu().numpy(), self.terms_norm.cpu().numpy())
 
     def check(self, result: np.ndarray):
         """``checking.check``'s verdict on ``result``, computed on the GPU."""
@@ -154,16 +158,19 @@ class DeviceProblem:
         from .checking import CheckOutcome, compare_elements
 
         result = np.asarray(result)
-        if result.shape != tuple(self.ref64.shape):
-            return CheckOutcome(False, float("inf"), f"result shape {result.shape}, expected {tuple(self.ref64.shape)}")
+        expected = tuple(self.product.shape)
+        if result.shape != expected:
+            return CheckOutcome(False, float("inf"), f"result shape {result.shape}, expected {expected}")
+        if result.dtype != self.dtype:
+            return CheckOutcome(False, float("inf"), f"result dtype {result.dtype.name}, expected the problem's {self.dtype.name}")
         if result.size == 0:
             return CheckOutcome(True, 0.0, "empty result")
         got = to_device(result).to(torch.float64)
-        return compare_elements(torch, got, self.ref64, self.a64, self.b64, result.dtype, self.k)
+        return compare_elements(torch, got, self.product, self.terms_norm, result.dtype, self.k)
 
 
-def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C = A @ B in float64, computed on the GPU and returned to the host."""
+def reference(a: np.ndarray, b: np.ndarray):
+    """``checking.Reference`` of A @ B, computed on the GPU and returned to the host."""
     return DeviceProblem(a, b).reference()
 
 

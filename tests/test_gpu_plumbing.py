@@ -142,7 +142,8 @@ def test_the_check_gives_one_verdict_in_numpy_and_torch(case):
     from harness import checking, make_inputs
 
     a, b = make_inputs("33x17x65", "float32", seed=5)
-    ref = checking.reference(a, b)
+    data = checking.reference_data(a, b)
+    ref = data.product
     result = ref.astype(np.float32)
     if case == "nan":
         result[3, 4] = np.nan
@@ -150,11 +151,12 @@ def test_the_check_gives_one_verdict_in_numpy_and_torch(case):
         result[0, 0] = np.inf
     elif case == "off":
         result[5, 6] += 1e-2
-    by_numpy = checking.check(result, a, b, ref)
+    by_numpy = checking.check(result, a, b, data)
     by_torch = checking.compare_elements(
         torch, torch.from_numpy(result.astype(np.float64)), torch.from_numpy(ref),
-        torch.from_numpy(a.astype(np.float64)), torch.from_numpy(b.astype(np.float64)), result.dtype, a.shape[1])
+        torch.from_numpy(data.terms_norm), result.dtype, a.shape[1])
     assert (by_torch.passed, by_torch.message) == (by_numpy.passed, by_numpy.message)
+    assert by_torch.worst_ratio == pytest.approx(by_numpy.worst_ratio)
     assert by_numpy.passed == (case == "ok")
 
 

@@ -92,5 +92,7 @@ IMPLEMENTATIONS = [
         "python.tiled_model", "python", "cpu", ("float32",),
         "chapter-12 tiled kernel modelled on the CPU with NumPy tiles; counts its loads",
         TiledModelBackend(), source="python/tiling.py", options={"tile": 16},
+        # one NumPy tile product per (i, j, p) triple: about 2e8 FLOP/s, so 8192^3 takes 1.5 hours
+        max_flops=2 * 1024**3, slow_rate=2e8,
     ),
 ]
