@@ -113,7 +113,8 @@ def compile_cubin(source: str | Path, arch: str, extra_flags: tuple[str, ...] = 
     if compiler is None:
         raise RuntimeError("nvcc was not found on PATH")
     path = Path(source) if Path(source).is_absolute() else sources.source_path(str(source))
-    text = path.read_text()
+    # with the headers of cuda/ (ptx.h) that a source may include: an edit to one recompiles
+    text = path.read_text() + "".join(h.read_text() for h in sorted(sources.source_path("cuda").glob("*.h")))
     flags = [*NVCC_FLAGS, f"-arch={arch}", "-cubin", "-I", str(sources.source_path("cuda")), *extra_flags]
     key = hashlib.sha256("\0".join([text, " ".join(flags), _nvcc_version(compiler)]).encode()).hexdigest()[:16]
     cubin = cache_dir() / f"{path.stem}-{arch}-{key}.cubin"

@@ -4,7 +4,9 @@ With EMU_THREADS every CUDA thread is an OS thread and __syncthreads a mutex/con
 barrier, so the sanitizers see real happens-before edges. The chapter's tiled kernel runs clean
 under both; with its second __syncthreads removed, ThreadSanitizer reports the race the chapter
 describes (fast threads overwriting the tile under slow ones); with its edge check on A removed,
-AddressSanitizer reports the out-of-bounds read.
+AddressSanitizer reports the out-of-bounds read. cuda/mma.cu (cp.async, ldmatrix, mma.sync) runs
+clean under both too; without the barrier after its cp.async.wait_group ThreadSanitizer reports
+a race, and without the wait_group the results are wrong (and the late copies race).
 """
 from __future__ import annotations
 
@@ -71,3 +73,66 @@ def test_removed_edge_check_is_an_out_of_bounds_read():
     assert guard in text
     done = _run("address", text.replace(guard, "(row < M)"), "nobounds")
     assert "ERROR: AddressSanitizer: heap-buffer-overflow" in done.stderr, done.stdout + done.stderr[-4000:]
+
+
+# ---- cuda/mma.cu: cp.async, ldmatrix and mma.sync (cuda/ptx.h) -------------------------------------
+# One block of 128 threads; K = 72 is 3 tiles of 32 (the last partial) through the 3-stage
+# cp.async ring; K and N multiples of 8, so A and B go through cp.async (M and N edges zero-filled).
+MMA_SHAPE = (40, 24, 72)
+MMA_DRIVER = '#include "selfcheck_half.h"\n'
+MMA_WAIT = "ptx::cp_async_wait_group<STAGES - 2>();"
+MMA_BARRIER = "__syncthreads();"
+
+
+def _mma_source() -> str:
+    return source_path("cuda/mma.cu").read_text()
+
+
+def _run_mma(sanitize: str | None, text: str, tag: str, variant: str = "threads") -> subprocess.CompletedProcess:
+    try:
+        program = cuda.build_emulation("cuda/mma.cu", variant=variant, sanitize=sanitize, source_text=text,
+                                       main=MMA_DRIVER, executable=True, tag=tag)
+    except RuntimeError as error:
+        if re.search(r"cannot find -l(t|a)san|libtsan|libasan", str(error)):
+            pytest.skip(f"the compiler has no {sanitize} sanitizer runtime: {str(error).splitlines()[-1]}")
+        raise
+    launch = cuda.plan("mma", "bfloat16", *MMA_SHAPE)
+    command = [str(program), launch.kernel, "bf16", *map(str, MMA_SHAPE), *map(str, launch.grid), *map(str, launch.block)]
+    env = {"TSAN_OPTIONS": "halt_on_error=0 exitcode=66 report_signal_unsafe=0", "ASAN_OPTIONS": "detect_leaks=0"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _mma_without(text: str, what: str) -> str:
+    assert text.count(what) == 1, f"mma.cu should have exactly one {what!r}"
+    return text.replace(what, "// (removed) " + what)
+
+
+def test_mma_is_clean_under_thread_sanitizer():
+    done = _run_mma("thread", _mma_source(), "")
+    assert "ThreadSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+
+
+def test_mma_is_clean_under_address_sanitizer():
+    done = _run_mma("address", _mma_source(), "")
+    assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+
+
+def test_mma_without_the_barrier_after_wait_group_is_a_race():
+    """Each thread's wait_group lands only its own copies: without the barrier, warps read with
+    ldmatrix what other warps' copies are writing."""
+    done = _run_mma("thread", _mma_without(_mma_source(), MMA_BARRIER), "nobarrier")
+    assert "WARNING: ThreadSanitizer: data race" in done.stderr, done.stdout + done.stderr[-4000:]
+
+
+def test_mma_without_wait_group_is_reported():
+    """Copies land at the wait_group that covers them, so without one the tiles are read before
+    they arrive: wrong results, and under ThreadSanitizer the copies, landing when their threads
+    exit, race with the other threads' last reads."""
+    text = _mma_without(_mma_source(), MMA_WAIT)
+    fibers = _run_mma(None, text, "nowait", variant="fibers")
+    assert fibers.returncode == 1, fibers.stdout + fibers.stderr[-4000:]
+    done = _run_mma("thread", text, "nowait")
+    assert done.returncode != 0, done.stdout + done.stderr[-4000:]
+    assert "WARNING: ThreadSanitizer: data race" in done.stderr, done.stdout + done.stderr[-4000:]

@@ -134,6 +134,22 @@ def test_wmma_uses_ldmatrix_and_tensor_cores(kernel, arch):
                          f"found {len(generic)}:\n{sass.excerpt(instructions, sorted(generic))}")
 
 
+@needs_nvcc_and_cuobjdump
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", ["mma_bf16", "mma_f16"])
+def test_mma_uses_cp_async_ldmatrix_and_mma_sync(kernel, arch):
+    instructions = cuda_kernels("cuda/mma.cu", arch)[kernel]
+    where = f"{kernel} on {arch}"
+    expect(instructions, where, "LDGSTS", why="cp.async: global to shared memory without registers")
+    expect(instructions, where, "LDSM", "M88", "4", why="A fragments with ldmatrix.x4")
+    expect(instructions, where, "LDSM", "MT88", "4", why="B fragments with ldmatrix.x4.trans")
+    expect(instructions, where, "HMMA", "16816", "F32", why="mma.sync.m16n8k16 with FP32 accumulators")
+    if kernel == "mma_bf16":
+        expect(instructions, where, "HMMA", "16816", "BF16", why="BF16 inputs")
+    generic = sass.find(instructions, "LD") + sass.find(instructions, "MOVM")
+    assert not generic, f"{where}: expected no generic LD or MOVM, found:\n{sass.excerpt(instructions, sorted(generic))}"
+
+
 # ---- triton/ --------------------------------------------------------------------------------------------------
 def triton_kernels(*requests) -> list[triton_aot.Compiled]:
     try:

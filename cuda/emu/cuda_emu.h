@@ -16,8 +16,14 @@
 //  - With EMU_THREADS defined, each CUDA thread is an OS thread instead and the barriers are
 //    mutex/condition-variable barriers: slow, but ThreadSanitizer then sees the real
 //    happens-before edges, so a missing `__syncthreads` shows up as a data race.
-//  - Warp-collective operations (shuffles, `__syncwarp`, WMMA) use a per-warp barrier and a
-//    per-warp exchange buffer.
+//  - Warp-collective operations (shuffles, `__syncwarp`, WMMA, and ldmatrix / mma.sync in
+//    include/ptx_emu.h) use a per-warp barrier and a per-warp exchange buffer.
+//  - cp.async (include/ptx_emu.h): each thread keeps its own pending copies, in groups, here in
+//    its ThreadState. A copy reads global memory when issued and writes shared memory only when
+//    a cp.async.wait_group covers its group (or, as the GPU eventually would, when the thread
+//    exits): a kernel that reads the tile before waiting reads stale data, and under
+//    ThreadSanitizer a thread that reads what another thread's copy wrote, with no barrier
+//    after that thread's wait_group, is a data race.
 //  - threadIdx/blockIdx/blockDim/gridDim are macros over a thread-local pointer to the running
 //    thread's state and the launch's state.
 #pragma once
@@ -37,6 +43,11 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <vector>
 
 #ifdef EMU_THREADS
 #include <condition_variable>
@@ -85,6 +96,8 @@ inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); r
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// No separate shared window here: the "shared address" is the host address itself.
+inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
 template <class T> inline T __ldg(const T* p) { return *p; }   // read-only cache: a plain load
 template <class T> inline T __ldcs(const T* p) { return *p; }  // streaming load: a plain load
 template <class T> inline T __ldcg(const T* p) { return *p; }
@@ -112,10 +125,44 @@ inline thread_local ThreadState* self;     // the CUDA thread running on this OS
 void block_barrier();
 void warp_barrier();
 
+// A cp.async in flight: the bytes it read from global memory, and where they will land.
+struct AsyncCopy {
+    unsigned char* destination;
+    unsigned char bytes[16];
+};
+
 struct ThreadState {
     uint3 tid{0, 0, 0};
     int linear = 0, warp = 0, lane = 0;
+    std::vector<AsyncCopy> async_open;                 // issued since the last commit_group
+    std::deque<std::vector<AsyncCopy>> async_groups;   // committed, oldest first, not yet landed
 };
+
+// What the GPU would stop the kernel for (a misaligned address, say): said, then abort.
+[[noreturn]] inline void fault(const char* what) {
+    std::fprintf(stderr, "CUDA emulation: %s\n", what);
+    std::fflush(stderr);
+    std::abort();
+}
+
+inline void land(const std::vector<AsyncCopy>& group) {
+    for (const AsyncCopy& copy : group) std::memcpy(copy.destination, copy.bytes, sizeof copy.bytes);
+}
+
+// cp.async.wait_group n: every group but the newest n lands, oldest first.
+inline void async_wait(ThreadState& s, size_t newest_pending) {
+    while (s.async_groups.size() > newest_pending) {
+        land(s.async_groups.front());
+        s.async_groups.pop_front();
+    }
+}
+
+// A thread that exits with copies in flight: they still land (uncommitted ones too).
+inline void async_finish(ThreadState& s) {
+    async_wait(s, 0);
+    land(s.async_open);
+    s.async_open.clear();
+}
 
 inline int lane_id() { return self->lane; }
 inline int warp_id() { return self->warp; }
@@ -203,6 +250,7 @@ inline void warp_barrier() { park(Park::warp_barrier); }
 
 [[noreturn]] inline void fiber_main() {
     fiber_run.invoke(fiber_run.args);
+    async_finish(*self);
     static_cast<Fiber*>(self)->park = Park::done;
     _longjmp(fiber_run.scheduler, 1);  // never return: there is no uc_link to return to
 }
@@ -264,6 +312,8 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
             f.lane = i % kWarpSize;
             f.park = Park::runnable;
             f.started = false;
+            f.async_open.clear();
+            f.async_groups.clear();
             getcontext(&f.context);
             f.context.uc_stack.ss_sp = stacks.stack(i);
             f.context.uc_stack.ss_size = kStackBytes;
@@ -370,9 +420,12 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
             s.linear = i;
             s.warp = i / kWarpSize;
             s.lane = i % kWarpSize;
+            s.async_open.clear();
+            s.async_groups.clear();
             threads.emplace_back([&s, invoke, args] {
                 self = &s;
                 invoke(args);
+                async_finish(s);
                 threads_run.warps[s.warp].drop();
                 threads_run.block.drop();
             });

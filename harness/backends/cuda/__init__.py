@@ -102,6 +102,11 @@ IMPLEMENTATIONS = [
         CudaBackend("wmma"), source="cuda/wmma.cu", requires=_REQUIRES,
     ),
     Implementation(
+        "cuda.mma", "cuda", "gpu", ("bfloat16", "float16"),
+        "tensor cores in PTX: cp.async 3-stage ring, swizzled shared tiles, ldmatrix, mma.sync m16n8k16",
+        CudaBackend("mma"), source="cuda/mma.cu", requires=_REQUIRES,
+    ),
+    Implementation(
         "cuda.gemv", "cuda", "gpu", ("bfloat16", "float32"),
         "y = W x: a warp per row, 16-byte coalesced loads, shuffle reduction",
         CudaBackend("gemv"), source="cuda/gemv.cu", operation="gemv", requires=_REQUIRES,

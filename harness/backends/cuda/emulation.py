@@ -49,7 +49,9 @@ def _emu_dir() -> Path:
 
 def _emu_inputs() -> list[Path]:
     root = _emu_dir()
-    return sorted([root / "cuda_emu.h", root / "emu_launcher.h", *(root / "include").glob("*.h")])
+    # cuda/*.h (ptx.h): headers the kernels include, which pick the emulation's side here.
+    return sorted([root / "cuda_emu.h", root / "emu_launcher.h", *root.glob("selfcheck*.h"), *(root / "include").glob("*.h"),
+                   *sources.source_path("cuda").glob("*.h")])
 
 
 def emu_build_dir() -> Path:
@@ -67,7 +69,7 @@ def kernel_names(source_text: str) -> list[str]:
 
 def emulation_flags(variant: str = "fibers", sanitize: str | None = None) -> list[str]:
     flags = ["-std=c++20", "-fPIC", "-pthread", "-fno-strict-aliasing", "-Wno-unknown-pragmas", "-U_FORTIFY_SOURCE",
-             "-I", str(_emu_dir()), "-I", str(_emu_dir() / "include")]
+             "-I", str(_emu_dir()), "-I", str(_emu_dir() / "include"), "-I", str(sources.source_path("cuda"))]
     # -fno-gnu-unique: two emulated libraries in one process would otherwise share their inline
     # (thread-local) globals and crash; hidden visibility keeps everything but the entry points private.
     if "clang" not in _compiler_version():

@@ -44,6 +44,8 @@ def plan(technique: str, dtype: str, m: int, n: int, k: int) -> Launch:
         return Launch(f"register_tiled_{suffix}", (cdiv(m, 128) * cdiv(n, 128), 1, 1), (256, 1, 1), gemm, "PPPiii")
     if technique == "wmma":  # 4 warps, 64 x 64 each: 128 x 128 per block, 1-D grid
         return Launch(f"wmma_{suffix}", (cdiv(m, 128) * cdiv(n, 128), 1, 1), (128, 1, 1), gemm, "PPPiii")
+    if technique == "mma":  # 4 warps, 64 x 64 each: 128 x 128 per block, 1-D grid (as wmma)
+        return Launch(f"mma_{suffix}", (cdiv(m, 128) * cdiv(n, 128), 1, 1), (128, 1, 1), gemm, "PPPiii")
     if technique == "gemv":  # 8 warps, one row each
         return Launch(f"gemv_{suffix}", (cdiv(n, 8), 1, 1), (256, 1, 1), ("A", "B", "C", n, k), "PPPii")
     raise ValueError(f"unknown CUDA technique {technique!r}")

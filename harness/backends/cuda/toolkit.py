@@ -21,7 +21,8 @@ from ... import sources
 NVCC_OPTIONS = ("-std=c++17", "-O3")
 ARCHS = ("sm_80", "sm_90")            # what the compile check builds for (BF16 WMMA needs sm_80)
 CONVENTIONAL_ROOT = "/usr/local/cuda"
-CUDA_SOURCES = ("cuda/naive.cu", "cuda/tiled.cu", "cuda/register_tiled.cu", "cuda/wmma.cu", "cuda/gemv.cu")
+CUDA_SOURCES = ("cuda/naive.cu", "cuda/tiled.cu", "cuda/register_tiled.cu", "cuda/wmma.cu", "cuda/mma.cu",
+                "cuda/gemv.cu")
 
 
 def cache_root() -> Path:
@@ -82,7 +83,8 @@ def compile_cubin(relative: str, arch: str) -> tuple[Path, str]:
     if not compiler:
         raise RuntimeError("nvcc was not found (looked in $CUDA_HOME, $CUDA_PATH, /usr/local/cuda and on PATH)")
     path = sources.source_path(relative)
-    text = path.read_text()
+    # The headers next to the sources (ptx.h) are part of what compiles: an edit to one recompiles.
+    text = path.read_text() + "".join(h.read_text() for h in sorted(path.parent.glob("*.h")))
     flags = [*NVCC_OPTIONS, f"-arch={arch}", "-cubin", "--ptxas-options=-v", "-I", str(path.parent)]
     key = hashlib.sha256("\0".join([text, " ".join(flags), nvcc_version()]).encode()).hexdigest()[:16]
     out_dir = cache_root() / "cuda-cubin"
