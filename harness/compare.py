@@ -76,32 +76,96 @@ class Results:
         raise KeyError(f"no result for {implementation} at {shape} {dtype}")
 
     # --- output -----------------------------------------------------------------------
-    def table(self):
+    def table(self, width: int = 100):
+        """The rows that ran (checked, and timed where they run natively), as a rich Table
+        sized for ``width`` columns: below 110, only the columns a reader compares."""
+        from rich import box
         from rich.table import Table
 
-        table = Table(title="matmul comparison (shape MxNxK: C is MxN, K is the inner dimension)", title_justify="left")
-        for header, justify in [
-            ("implementation", "left"), ("lang", "left"), ("device", "left"), ("shape", "right"), ("dtype", "left"),
-            ("median", "right"), ("spread", "right"), ("GFLOP/s", "right"), ("% peak", "right"),
-            ("vs base", "right"), ("max err", "right"), ("status", "left"),
-        ]:
-            table.add_column(header, justify=justify)
-        for row in self.rows:
-            status_style = "green" if row.passed else ("red" if row.status.startswith(("FAILED", "error")) else "yellow")
-            table.add_row(
-                row.implementation, row.language, row.device, row.shape, row.dtype,
-                _format_time(row.median_s), _fmt(row.spread, "±{:.0%}"), _fmt(row.gflops, "{:.2f}" if (row.gflops or 0) < 10 else "{:.1f}"),
-                _fmt(row.peak_pct, "{:.1f}%"), _fmt(row.speedup, "{:.3g}x"), _fmt(row.max_abs_error, "{:.1e}"),
-                f"[{status_style}]{row.status if row.mode == 'native' else row.status + f' ({row.mode}, not timed)'}[/]",
-            )
+        wide = width >= 110
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title_justify="left",
+                      title="matmul: C[M,N] = A[M,K] @ B[K,N], shapes MxNxK (N^3: a square)")
+        columns = [("implementation", "left"), ("shape", "right"), ("dtype", "left"), ("time", "right")]
+        if wide:
+            columns += [("spread", "right")]
+        columns += [("GFLOP/s", "right"), ("% peak", "right"), ("vs base", "right")]
+        if wide:
+            columns += [("max err", "right"), ("threads", "right")]
+        columns += [("check", "left")]
+        for header, justify in columns:
+            table.add_column(header, justify=justify, no_wrap=header != "check")
+        for row in self.ran():
+            cells = [row.implementation, _short_shape(row.shape), _short_dtype(row.dtype), _time_cell(row)]
+            if wide:
+                cells.append(_fmt(row.spread, "±{:.0%}"))
+            cells += [_fmt(row.gflops, "{:,.3g}" if (row.gflops or 0) < 1000 else "{:,.0f}"), _peak_cell(row.peak_pct),
+                      _fmt(row.speedup, "{:.2f}x")]
+            if wide:
+                cells += [_fmt(row.max_abs_error, "{:.1e}"), _fmt(row.threads, "{}")]
+            cells.append(_check_cell(row))
+            table.add_row(*cells)
         return table
 
-    def __str__(self) -> str:
+    def ran(self) -> list[Row]:
+        """Rows that ran (checked, passed or not), per shape the timed ones first."""
+        shapes = list(dict.fromkeys((row.shape, row.dtype) for row in self.rows))
+        ran = [row for row in self.rows if not row.status.startswith(("skipped", "unavailable"))]
+        return sorted(ran, key=lambda row: (shapes.index((row.shape, row.dtype)), not row.timed))
+
+    def not_run(self) -> list[str]:
+        """One line per implementation that did not run somewhere: why, and how often."""
+        reasons: dict[str, dict[str, int]] = {}
+        totals: dict[str, int] = {}
+        for row in self.rows:
+            totals[row.implementation] = totals.get(row.implementation, 0) + 1
+            if row.status.startswith(("skipped", "unavailable")):
+                reason = _general_reason(row.implementation, row.status.split(": ", 1)[-1])
+                by_reason = reasons.setdefault(row.implementation, {})
+                by_reason[reason] = by_reason.get(reason, 0) + 1
+        grouped: dict[str, list[str]] = {}  # one line per reason, naming every implementation it stopped
+        for name, by_reason in reasons.items():
+            parts = [reason if count == totals[name] else f"{reason} ({count} of {totals[name]})"
+                     for reason, count in by_reason.items()]
+            grouped.setdefault("; ".join(parts), []).append(name)
+        return [f"{', '.join(names)}: {reason}" for reason, names in grouped.items()]
+
+    def render(self, width: int | None = None) -> str:
+        """The table and, below it, what did not run here and why: what ``print`` shows.
+        ``width`` defaults to the terminal's (``COLUMNS``), 100 when there is none."""
+        import shutil
+        import textwrap
+
         from rich.console import Console
 
-        console = Console(file=io.StringIO(), width=200, color_system=None)
-        console.print(self.table())
-        return console.file.getvalue()
+        width = width or shutil.get_terminal_size((100, 24)).columns
+        console = Console(file=io.StringIO(), width=width, color_system=None)
+        out = []
+        if self.ran():
+            console.print(self.table(width))
+            out.append(console.file.getvalue().rstrip("\n"))
+        notes = []
+        if any(row.spread is not None and row.spread > NOISY_SPREAD for row in self.ran()):
+            notes.append(f"! the timings of this row spread over ±{NOISY_SPREAD:.0%}: the machine was busy; "
+                         "rerun it, or raise --min-time")
+        if any(row.peak_pct is not None and row.peak_pct > 100 for row in self.ran()):
+            notes.append("? above 100% of the peak: the roof was under-measured on this machine "
+                         "(see the JSON's machine section)")
+        stand_ins = sorted({row.mode for row in self.ran() if row.mode != "native"})
+        if stand_ins:
+            notes.append(f"ok* {' / '.join(stand_ins)}, not timed: GPU code checked on a CPU stand-in")
+        for row in self.ran():
+            if not row.passed:
+                notes.append(f"{row.implementation} {row.shape} {row.dtype}: {row.status}")
+        for note in notes:
+            out.append(textwrap.fill(note, width, subsequent_indent="  "))
+        missing = self.not_run()
+        if missing:
+            out.append("not run here:")
+            out += [textwrap.fill(line, width, initial_indent="  ", subsequent_indent="    ") for line in missing]
+        return "\n".join(out) + "\n"
+
+    def __str__(self) -> str:
+        return self.render()
 
     @classmethod
     def from_json(cls, path) -> "Results":
@@ -212,13 +276,64 @@ def _fmt(value, pattern: str) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
 
 
+NOISY_SPREAD = 0.25  # interquartile range over median beyond which a row is flagged
+
+
 def _format_time(seconds) -> str:
+    """Three significant digits in the unit that keeps them readable: 12.3 us, 4.56 ms, 789 s, 2.1 h."""
     if seconds is None:
         return ""
-    for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= factor:
-            return f"{seconds / factor:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 100:
+        return f"{seconds:.0f} s"
+    for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if seconds >= factor or unit == "ns":
+            value = seconds / factor
+            return f"{value:.{max(0, 2 - int(math.floor(math.log10(value)))) if value > 0 else 0}f} {unit}"
+    return ""
+
+
+def _time_cell(row: "Row") -> str:
+    text = _format_time(row.median_s)
+    if text and row.spread is not None and row.spread > NOISY_SPREAD:
+        text += " !"
+    return text
+
+
+def _peak_cell(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.0f}%?" if value > 100 else f"{value:.0f}%" if value >= 10 else f"{value:.1f}%"
+
+
+def _check_cell(row: "Row") -> str:
+    """ok, ok* (a CPU stand-in: checked, not timed), FAILED or error (the reason below the table)."""
+    if row.passed:
+        return "ok" if row.mode == "native" else "ok*"
+    return row.status.split(":", 1)[0]
+
+
+def _short_shape(shape: str) -> str:
+    m, n, k = shape.split("x")
+    return f"{m}^3" if m == n == k else shape
+
+
+def _short_dtype(name: str) -> str:
+    return {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}.get(name, name)
+
+
+def _general_reason(name: str, reason: str) -> str:
+    """A refusal's reason without its problem's particulars (the shape, the dtype, what was
+    got), so one line can stand for every problem it refused: its first clause, to act on."""
+    import re
+
+    if reason.startswith(name + " "):
+        reason = reason[len(name) + 1:]
+    reason = re.sub(r" at \d+x\d+x\d+ \(MxNxK\)| \(about [^)]*\)|,? got .*$| \(got [^)]*\)", "", reason)
+    for separator in ("; ", ". ", ": the limit"):
+        reason = reason.split(separator, 1)[0]
+    return reason.rstrip(" .:")
 
 
 def blas_limits(threads: int | None):

@@ -30,6 +30,8 @@ def test_c_library_is_stale_when_a_source_is_newer(tmp_path):
     past = time.time() - 100
     for path in (source, tmp_path / "CMakeLists.txt"):
         os.utime(path, (past, past))
+    assert clib._is_stale(library, tmp_path)  # no stamp: a build that never finished
+    clib._stamp(library).write_text(clib._fingerprint(library))
     assert not clib._is_stale(library, tmp_path)
     future = time.time() + 100
     os.utime(source, (future, future))

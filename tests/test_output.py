@@ -1,0 +1,69 @@
+"""What a reader sees: the comparison table at 80 and 200 columns, its units and flags."""
+from __future__ import annotations
+
+import pytest
+
+import harness
+from harness.compare import Results, Row, _format_time
+
+
+def rows() -> list[Row]:
+    made = [
+        Row("numpy.matmul", "numpy", "cpu", "1024x1024x1024", "float32", "ok", median_s=0.0194, spread=0.02,
+            gflops=111.0, peak_pct=72.0, speedup=1.0, max_abs_error=1e-5, threads=1),
+        Row("c.naive_ijk", "c", "cpu", "1024x1024x1024", "float32", "ok", median_s=16.9, spread=0.9,
+            gflops=0.13, peak_pct=0.1, speedup=0.0011, max_abs_error=1e-5, threads=1),
+        Row("c.packed", "c", "cpu", "1024x1024x1024", "float32", "ok", median_s=0.018, spread=0.01,
+            gflops=119.0, peak_pct=124.0, speedup=1.07, max_abs_error=1e-5, threads=1),
+        Row("c.blocked", "c", "cpu", "1024x1024x1024", "float32", "FAILED: 3 of 1048576 elements out of tolerance"),
+        Row("triton.matmul", "triton", "gpu", "1024x1024x1024", "float32", "ok", mode="interpreted"),
+    ]
+    for name in ("cuda.naive", "cuda.tiled", "torch.cublas"):
+        made.append(Row(name, "cuda", "gpu", "1024x1024x1024", "float32",
+                        "unavailable: no CUDA GPU is visible to PyTorch 2.13.0+cpu (a CPU-only build); set X=1"))
+    made.append(Row("python.ijk", "python", "cpu", "1024x1024x1024", "float32",
+                    "skipped: python.ijk would take too long at 1024x1024x1024 (MxNxK) (about 2 minutes): the limit is 2.7e+08 FLOPs"))
+    return made
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_table_fits_the_terminal(width):
+    text = Results(rows(), {}, {}).render(width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    for name in ("numpy.matmul", "c.naive_ijk", "c.packed", "c.blocked", "triton.matmul"):
+        assert name in text
+
+
+def test_rows_that_did_not_run_share_one_line_per_reason():
+    text = Results(rows(), {}, {}).render(80)
+    section = text.split("not run here:")[1]
+    assert section.count("no CUDA GPU is visible") == 1
+    assert "cuda.naive, cuda.tiled, torch.cublas" in section and "set X=1" not in section
+    assert "python.ijk: would take too long" in section
+    assert "1024x1024x1024 (MxNxK)" not in section
+
+
+def test_flags_failures_noise_stand_ins_and_impossible_peaks():
+    text = Results(rows(), {}, {}).render(100)
+    assert "16.9 s !" in text and "spread over" in text
+    assert "124%?" in text and "under-measured" in text
+    assert "ok*" in text and "interpreted, not timed" in text
+    assert "c.blocked 1024x1024x1024 float32: FAILED: 3 of 1048576" in text
+
+
+def test_wide_terminals_get_more_columns():
+    narrow, wide = Results(rows(), {}, {}).render(80), Results(rows(), {}, {}).render(200)
+    assert "max err" not in narrow and "max err" in wide and "spread" in wide
+
+
+@pytest.mark.parametrize("seconds, text", [(1.69e4, "4.7 h"), (169.0, "169 s"), (16.9, "16.9 s"), (0.0123, "12.3 ms"),
+                                           (1.2345e-5, "12.3 us"), (4.5e-8, "45.0 ns"), (None, "")])
+def test_times_in_human_units(seconds, text):
+    assert _format_time(seconds) == text
+
+
+def test_the_quick_start_table_at_80_columns_is_short():
+    results = harness.compare([64], ["c.*", "numpy", "python.ikj", "cuda.*", "triton.*"], ["float32"], min_time=0.01)
+    text = results.render(80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert len(text.splitlines()) < 30
