@@ -111,15 +111,27 @@ def build_in_checkout(build_dir: Path | None = None, *extra_cmake_args: str) -> 
     for command in commands:
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            raise CLibraryError(
-                f"building the C library failed: {' '.join(command)}\n{done.stdout[-4000:]}{done.stderr[-4000:]}"
-            )
+            log = build_dir / "build-error.log"
+            output = done.stdout + done.stderr
+            build_dir.mkdir(parents=True, exist_ok=True)
+            log.write_text(f"$ {' '.join(command)}\n{output}")
+            raise CLibraryError(f"building the C library failed: {first_error(output)}\n(full log: {log})")
     library = build_dir / _library_filename()
     if not library.is_file():
         raise CLibraryError(f"CMake finished but {library} is missing")
     library.touch()  # a no-op rebuild must still make the library newer than its sources
     _stamp(library).write_text(_fingerprint(library))  # last: the build is complete
     return library
+
+
+def first_error(output: str) -> str:
+    """The compiler's first error, with the line before it when that names the function."""
+    lines = output.splitlines()
+    for index, line in enumerate(lines):
+        if re.search(r"\berror\b", line, flags=re.I):
+            context = lines[index - 1] if index and "In function" in lines[index - 1] else ""
+            return (context + "\n" if context else "") + line.strip()
+    return lines[-1].strip() if lines else "(no output)"
 
 
 def library_path() -> Path:

@@ -524,7 +524,7 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
         row.status = f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         return row
     row.median_s, row.min_s, row.spread, row.repeats = timing.median_s, timing.min_s, timing.spread, timing.repeats
-    if timing.median_s <= 0:
+    if timing.median_s <= 0 or shape.flops == 0:  # nothing computed: no rate to report
         return row
     row.gflops = shape.flops / timing.median_s / 1e9
     # The least traffic any implementation needs: read A and B once, write C once.

@@ -143,7 +143,8 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
         estimate = ""
         if impl.slow_rate:
             seconds = shape.flops / impl.slow_rate
-            estimate = f" (about {seconds / 3600:.1f} hours)" if seconds > 3600 else f" (about {seconds / 60:.0f} minutes)"
+            estimate = (f" (about {seconds / 3600:.1f} hours)" if seconds > 3600 else
+                        f" (about {seconds / 60:.0f} minutes)" if seconds >= 90 else f" (about {seconds:.0f} seconds)")
         raise MatmulInputError(
             f"{impl.name} would take too long at {shape} (MxNxK){estimate}: the limit is "
             f"{impl.max_flops:.2g} FLOPs. Pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run it anyway"
@@ -250,7 +251,8 @@ class Matmul:
         if 0 in a.shape or 0 in b.shape:
             # Nothing to compute, and a GPU grid of zero blocks is an error: every
             # implementation gives what NumPy gives (zeros when K = 0, else an empty array).
-            return EmptyProduct(np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype))
+            # (and it runs where the implementation would: a CPU stand-in's row is not timed)
+            return EmptyProduct(np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype), mode=run_mode(self.impl))
         return self.impl.backend.prepare(self.impl, a, b, self.options)
 
     def __call__(self, a, b) -> np.ndarray:

@@ -63,6 +63,9 @@ def device_name() -> str:
 
 
 def device_peaks() -> dict | None:
+    """The datasheet peaks of the GPU at hand; None without a GPU or for one the table lacks."""
+    if not available():
+        return None
     name = device_name()
     for key, peaks in GPU_PEAKS:
         if key in name:

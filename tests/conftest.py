@@ -30,6 +30,10 @@ def pytest_configure(config):
         config.getoption("benchmark_only") or config.getoption("benchmark_enable")
     ):
         config.option.benchmark_disable = True
+    # pytest-benchmark's ten default columns make 230-column tables: keep the ones compared
+    # (the summary after them has GFLOP/s); --benchmark-columns still chooses.
+    if hasattr(config.option, "benchmark_columns") and not config.option.benchmark_columns:
+        config.option.benchmark_columns = ["min", "median", "iqr", "rounds"]
 
 
 REQUIRE_GPU_ENV = "MATMUL_REQUIRE_GPU"
@@ -62,6 +66,73 @@ def pytest_runtest_makereport(item, call):
     if _gpu_required() and report.skipped and item.get_closest_marker("gpu") is not None:
         report.outcome = "failed"
         report.longrepr = f"{REQUIRE_GPU_ENV}=1, but this GPU test would be skipped: {report.longrepr}"
+
+
+# ---- pytest --benchmark-only: groups in numeric order, compact columns, a GFLOP/s summary -----
+def _group_key(group: str | None):
+    """'1024x1024x1024 float32' sorts after '128x128x128 float32': by FLOPs, then dtype."""
+    from harness.inputs import parse_shape
+
+    try:
+        shape_text, dtype = (group or "").split(" ", 1)
+        return (0, parse_shape(shape_text).flops, dtype)
+    except ValueError:
+        return (1, 0, group or "")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_benchmark_group_stats(config, benchmarks, group_by):
+    outcome = yield
+    outcome.force_result(sorted(outcome.get_result(), key=lambda pair: _group_key(pair[0])))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, config):
+    session = getattr(config, "_benchmarksession", None)
+    if session is None or session.disabled or not session.benchmarks:
+        return
+    for line in benchmark_summary(session.benchmarks):
+        terminalreporter.write_line(line)
+
+
+def benchmark_summary(benchmarks) -> list[str]:
+    """One block per shape and dtype, in numeric order: median, GFLOP/s, % of peak and
+    speed against the baseline (numpy.matmul on the CPU, torch.cublas on the GPU)."""
+    import harness
+    from harness import machine
+
+    groups: dict[str, list] = {}
+    for bench in benchmarks:
+        if bench.stats is not None and bench.extra_info.get("flops"):
+            groups.setdefault(bench.group, []).append(bench)
+    lines = ["", "matmul summary (median of each benchmark; GFLOP/s = 2*M*N*K / median)"]
+    for group in sorted(groups, key=_group_key):
+        cases = groups[group]
+        baseline = {}
+        for bench in cases:
+            impl = harness.lookup(bench.extra_info["implementation"])
+            if impl.baseline:
+                baseline[impl.device] = bench.stats.median
+        lines.append("")
+        lines.append(f"{group}:")
+        lines.append(f"  {'implementation':<24} {'median':>10} {'GFLOP/s':>10} {'% peak':>7} {'vs base':>8}")
+        for bench in sorted(cases, key=lambda b: b.stats.median, reverse=True):
+            impl = harness.lookup(bench.extra_info["implementation"])
+            median = bench.stats.median
+            gflops = bench.extra_info["flops"] / median / 1e9
+            dtype = bench.extra_info["dtype"]
+            peak = machine.cpu_peak_gflops(dtype, 1) if impl.device == "cpu" else None
+            share = f"{100 * gflops / peak:.0f}%" if peak else ""
+            base = baseline.get(impl.device)
+            speed = f"{base / median:.2f}x" if base else ""
+            lines.append(f"  {impl.name:<24} {_human_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>8}")
+    return lines
+
+
+def _human_time(seconds: float) -> str:
+    from harness.compare import _format_time
+
+    return _format_time(seconds)
 
 
 def _split(text: str) -> list[str]:

@@ -67,3 +67,47 @@ def test_the_quick_start_table_at_80_columns_is_short():
     text = results.render(80)
     assert max(len(line) for line in text.splitlines()) <= 80
     assert len(text.splitlines()) < 30
+
+
+def test_zero_sized_problems_with_gpu_rows_do_not_crash():
+    results = harness.compare(["4x4x0", "0"], ["triton.matmul", "c.packed"], ["float32"], min_time=0.001)
+    assert not any(row.status.startswith(("error", "FAILED")) for row in results.rows), results.rows
+    assert results.row("c.packed", "4x4x0").passed and results.row("triton.matmul", "0").passed
+    assert all(row.gflops is None for row in results.rows)
+
+
+def test_the_slow_refusal_names_seconds_not_zero_minutes():
+    from harness.core import MatmulInputError, check_problem
+    from harness.inputs import Shape
+
+    with pytest.raises(MatmulInputError, match=r"about \d+ seconds"):
+        check_problem(harness.lookup("python.ijk"), Shape(512, 512, 1024), "float32")
+
+
+def test_a_c_compile_error_shows_the_compiler_error_and_the_log(tmp_path, monkeypatch):
+    import shutil
+
+    from harness import clib, sources
+
+    root = tmp_path / "checkout"
+    shutil.copytree(sources.sources_root() / "c", root / "c")
+    shutil.copy(sources.sources_root() / "CMakeLists.txt", root / "CMakeLists.txt")
+    with open(root / "c" / "naive.c", "a") as handle:
+        handle.write("\nint broken(void) { return undeclared_name; }\n")
+    monkeypatch.setattr(sources, "sources_root", lambda: root)
+    with pytest.raises(clib.CLibraryError) as caught:
+        clib.build_in_checkout(tmp_path / "build")
+    message = str(caught.value)
+    assert "undeclared_name" in message and "error" in message
+    assert "full log:" in message and (tmp_path / "build" / "build-error.log").is_file()
+    assert len(message.splitlines()) <= 4
+
+
+def test_cuda_info_reports_what_compiles_and_names_what_does_not():
+    from harness.backends import cuda
+
+    if cuda.nvcc() is None:
+        pytest.skip("nvcc not found")
+    text = cuda.resource_table(("sm_75",))
+    assert "naive_f32" in text and "gemv_f32" in text
+    assert "cuda/wmma.cu does not compile for sm_75" in text

@@ -24,3 +24,15 @@ def test_quick_start_commands_exist():
     assert (ROOT / ".ci" / "run").is_file()
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"\bpytest\b", ci)
+
+
+def test_readme_python_snippets_run(tmp_path, monkeypatch):
+    """Every ```python block of the README runs as written (in a scratch folder, for its files)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})

@@ -10,6 +10,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ... import sources
 from .toolkit import ARCHS, CUDA_SOURCES, compile_cubin
 
 
@@ -73,9 +74,27 @@ def ptxas_report(archs=ARCHS, files=CUDA_SOURCES) -> list[KernelResources]:
     return [k for kernels in results for k in kernels]
 
 
+def _try_compile(job) -> tuple[list[KernelResources], str | None]:
+    try:
+        return compile_with_ptxas(*job)[0], None
+    except RuntimeError as error:
+        lines = [line for line in str(error).splitlines() if "error" in line.lower()]
+        first = (lines[1] if len(lines) > 1 else lines[0] if lines else str(error)).strip()
+        first = first.replace(str(sources.sources_root()) + "/", "")
+        return [], f"{job[0]} does not compile for {job[1]}: {first}"
+
+
 def resource_table(archs=ARCHS) -> str:
-    """Text table of ``ptxas_report``: what ``python -m harness cuda-info`` prints."""
-    rows = ptxas_report(archs)
+    """Text table of ``ptxas_report``: what ``python -m harness cuda-info`` prints. A file that
+    does not compile for an architecture (BF16 tensor cores need sm_80) is listed below it
+    with nvcc's first error, and the other files are still reported."""
+    jobs = [(f, a) for f in CUDA_SOURCES for a in archs]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        outcomes = list(pool.map(_try_compile, jobs))
+    rows = [k for kernels, _ in outcomes for k in kernels]
+    failures = [failure for _, failure in outcomes if failure]
+    if not rows:
+        raise RuntimeError("\n".join(failures))
     header = ("source", "kernel", "arch", "regs/thread", "smem/block", "stack", "spills (st/ld)")
     lines = [header] + [
         (r.source, r.kernel, r.arch, str(r.registers), f"{r.shared_bytes} B", f"{r.stack_bytes} B",
@@ -85,4 +104,4 @@ def resource_table(archs=ARCHS) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out) + "\n"
+    return "\n".join(out + failures) + "\n"
