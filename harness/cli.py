@@ -6,7 +6,7 @@ import sys
 
 from . import registry
 from .core import run_mode
-from .inputs import parse_shape
+from .inputs import parse_shape, shape_argument
 
 
 class _Parser(argparse.ArgumentParser):
@@ -17,11 +17,6 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _shape_arg(text: str):
-    try:
-        return parse_shape(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def implementation_table(markdown: bool = False) -> str:
@@ -58,6 +53,18 @@ def implementation_table(markdown: bool = False) -> str:
     return console.file.getvalue()
 
 
+def _run_experiment(name: str, out: str, options: dict) -> None:
+    """Say what runs and for how long, run it, then say what it found and where it wrote."""
+    from .experiments import EXPERIMENTS
+
+    module = EXPERIMENTS[name]
+    print(f"== {name}: {module.TITLE} ({module.DURATION})", flush=True)
+    data = module.run(out, **options)
+    for line in module.findings(data):
+        print(f"   {line}")
+    print(f"   wrote {out}/{name}.json and {out}/{name}.png", flush=True)
+
+
 def main(argv=None) -> int:
     parser = _Parser(prog="python -m harness", description="Compare the matmuls of this repository.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -73,7 +80,7 @@ def main(argv=None) -> int:
         "compare", help="check and time implementations side by side",
         description="Shapes are N (square) or MxNxK: C = A @ B is M x N, K is the inner dimension.",
     )
-    comparing.add_argument("--shapes", nargs="+", type=_shape_arg, default=[parse_shape(256)], metavar="SHAPE",
+    comparing.add_argument("--shapes", nargs="+", type=shape_argument, default=[parse_shape(256)], metavar="SHAPE",
                            help="N or MxNxK (default 256)")
     comparing.add_argument("--impls", nargs="+", default=None, metavar="PATTERN",
                            help="names or glob patterns, e.g. 'c.*' numpy (default: all)")
@@ -108,17 +115,15 @@ def main(argv=None) -> int:
     if args.command in EXPERIMENTS:
         options = {k: v for k, v in vars(args).items() if k not in ("command", "out")}
         try:
-            EXPERIMENTS[args.command].run(args.out, **options)
+            _run_experiment(args.command, args.out, options)
         except ValueError as error:  # a bad option value the experiment refused
             parser.error(str(error))
-        print(f"wrote {args.out}/{args.command}.json and {args.out}/{args.command}.png")
         return 0
     if args.command == "experiments":
         from .report import write_report
 
         for name in args.only or EXPERIMENTS:
-            print(f"== {name}", flush=True)
-            EXPERIMENTS[name].run(args.out)
+            _run_experiment(name, args.out, {})
         print(f"wrote {write_report(args.out)}")
         return 0
     if args.command == "report":

@@ -55,6 +55,16 @@ def parse_shape(text) -> Shape:
     return Shape(int(match.group(1)), int(match.group(2)), int(match.group(3)))
 
 
+def shape_argument(text: str) -> Shape:
+    """``parse_shape`` for argparse: a bad shape is a usage error, not a traceback."""
+    import argparse
+
+    try:
+        return parse_shape(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def dtype_name(dtype) -> str:
     """Canonical name of a dtype: float32, float64, float16 or bfloat16."""
     if isinstance(dtype, str) and dtype in ("bf16", "bfloat16"):

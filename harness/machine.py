@@ -45,7 +45,8 @@ def blas_info() -> list[dict]:
         from threadpoolctl import threadpool_info
     except ImportError:
         return []
-    keep = ("user_api", "internal_api", "version", "architecture", "num_threads", "threading_layer", "filepath")
+    # what identifies the library, not where this machine installed it (no absolute paths in results)
+    keep = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads", "threading_layer")
     return [{k: entry.get(k) for k in keep if k in entry} for entry in threadpool_info() if entry.get("user_api") == "blas"]
 
 

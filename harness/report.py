@@ -44,7 +44,8 @@ def write_report(directory) -> Path:
     header = [
         "# Matmul report", "",
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by `python -m harness report {directory}`.", "",
-        "Machine: " + "; ".join(dict.fromkeys(machines)) if machines else "",
+        "Machine" + ("s" if len(set(machines)) > 1 else "") + ":", "",
+        *(f"- {label}" for label in dict.fromkeys(machines)),
         "",
     ]
     report = directory / "REPORT.md"

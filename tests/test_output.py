@@ -111,3 +111,28 @@ def test_cuda_info_reports_what_compiles_and_names_what_does_not():
     text = cuda.resource_table(("sm_75",))
     assert "naive_f32" in text and "gemv_f32" in text
     assert "cuda/wmma.cu does not compile for sm_75" in text
+
+
+def test_results_carry_no_absolute_paths_of_the_machine_that_made_them():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    for path in root.rglob("*"):
+        if path.suffix in (".json", ".txt", ".md", ".csv"):
+            # (the CUDA toolkit's own location, /usr/local/cuda*, is a fact about the toolkit)
+            found = re.findall(r"(?:/home|/root|/tmp|/work|/opt|/usr(?!/local/cuda))/[\w./-]+", path.read_text())
+            assert not found, f"{path.relative_to(root)}: {found[:3]}"
+
+
+def test_every_experiment_says_how_long_and_what_it_found():
+    import json
+    from pathlib import Path
+
+    from harness.experiments import EXPERIMENTS
+
+    root = Path(__file__).resolve().parents[1] / "results" / "cpu"
+    for name, module in EXPERIMENTS.items():
+        assert module.DURATION
+        lines = module.findings(json.loads((root / f"{name}.json").read_text()))
+        assert 1 <= len(lines) <= 12 and all(line.strip() for line in lines), name

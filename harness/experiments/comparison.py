@@ -9,6 +9,7 @@ from .common import gpu_present, say
 
 NAME = "comparison"
 TITLE = "Every implementation side by side"
+DURATION = "about 9 minutes on 2 cores (pure Python and naive C at 1024^3 dominate)"  # on a 2-core machine, said before it starts
 
 CPU_SHAPES = ("128", "512", "1024", "1x4096x4096")
 GPU_SHAPES = ("1024", "2048", "4096", "8192", "1x8192x8192", "1x16384x16384")
@@ -56,3 +57,14 @@ def summarize(data: dict) -> str:
             first = reasons[0].split(": ", 1)[1]  # the others differ only in the shape they name
             lines.append(f"- `{name}` at {shapes}. {first[0].upper()}{first[1:]}")
     return "\n".join(lines)
+
+
+def findings(data: dict) -> list[str]:
+    rows = [r for r in data["results"] if r.get("gflops")]
+    best: dict = {}
+    for r in rows:
+        key = (r["shape"], r["dtype"], r["device"])
+        if key not in best or r["gflops"] > best[key]["gflops"]:
+            best[key] = r
+    return [f"fastest at {shape} {dtype} ({device}): {r['implementation']} {r['gflops']:,.1f} GFLOP/s"
+            for (shape, dtype, device), r in best.items()]

@@ -12,6 +12,7 @@ from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, say,
 
 NAME = "gemv-bandwidth"
 TITLE = "GEMV bandwidth: achieved GB/s against the memory's peak"
+DURATION = "about 30 seconds"  # on a 2-core machine, said before it starts
 
 CPU_SHAPES = ("1x4096x4096", "1x8192x8192")
 GPU_SHAPES = ("1x8192x8192", "1x16384x16384")
@@ -73,3 +74,11 @@ def summarize(data: dict) -> str:
         if "gbytes_per_s" in r:
             lines.append(f"| `{r['implementation']}` | {r['shape']} | {r['dtype']} | {r['gbytes_per_s']:.1f} | {r['pct_of_peak']:.0f}% |")
     return "\n".join(lines)
+
+
+def findings(data: dict) -> list[str]:
+    text = [f"memory roof: " + ", ".join(f"{d} {g:,.1f} GB/s" for d, g in data["peak_gbps"].items())]
+    for row in sorted((r for r in data["rows"] if r.get("gbytes_per_s")), key=lambda r: -r["gbytes_per_s"])[:4]:
+        share = f" ({row['pct_of_peak']:.0f}% of the roof)" if row.get("pct_of_peak") else ""
+        text.append(f"  {row['implementation']} {row['shape']} {row['dtype']}: {row['gbytes_per_s']:,.1f} GB/s{share}")
+    return text

@@ -15,6 +15,7 @@ from .common import gpu_present, pyplot, write
 
 NAME = "loads"
 TITLE = "Loads against tile size (the 1/T law) and shared memory per tile pair"
+DURATION = "a few seconds"  # on a 2-core machine, said before it starts
 
 # Documented limits of the H100 and H200 (compute capability 9.0), used when no GPU is at hand:
 # 48 KiB of static shared memory per block, up to 227 KiB per block with the opt-in attribute,
@@ -117,3 +118,10 @@ def summarize(data: dict) -> str:
         f"{'within' if pair['fits_optin_per_block'] else 'over'} the {limits['per_block_optin'] // 1024} KiB opt-in limit."
     )
     return "\n".join(lines)
+
+
+def findings(data: dict) -> list[str]:
+    tiles = ", ".join(f"T={r['tile']}: {r['naive_over_tiled']:.0f}x fewer" for r in data["tiles"])
+    exact = all(r["elements_loaded"] == r["law_2MNK_over_T"] for r in data["tiles"])
+    return [f"loads against the naive kernel at {data['size']}^3: {tiles}",
+            "the count is exactly 2MNK/T for every tile" if exact else "the count departs from 2MNK/T (see the JSON)"]

@@ -15,6 +15,7 @@ from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, say,
 
 NAME = "roofline"
 TITLE = "Roofline: measured points under the compute and bandwidth roofs"
+DURATION = "about 1 minute"  # on a 2-core machine, said before it starts
 
 CPU_SHAPES = {"gemm": "1024", "gemv": "1x4096x4096"}
 PYTHON_SHAPE = "128"
@@ -103,3 +104,14 @@ def summarize(data: dict) -> str:
         ceiling = min(roof.get(p["dtype"]) or roof["float32"], p["intensity"] * roof["bandwidth_gbps"])
         lines.append(f"| `{p['implementation']}` | {p['shape']} | {p['dtype']} | {p['intensity']:.3g} | {p['gflops']:.3g} | {100 * p['gflops'] / ceiling:.1f}% |")
     return "\n".join(lines)
+
+
+def findings(data: dict) -> list[str]:
+    text = []
+    for device, roof in data["roofs"].items():
+        text.append(f"{device} roofs ({roof.get('device', '')}): FP32 {roof['float32']:,.0f} GFLOP/s, "
+                    f"{roof['bandwidth_gbps']:,.1f} GB/s, ridge at {roof['float32'] / roof['bandwidth_gbps']:.1f} FLOP/byte")
+    best = sorted((p for p in data["points"] if p.get("gflops")), key=lambda p: -p["gflops"])[:3]
+    text += [f"  {p['implementation']} {p['shape']} {p['dtype']}: {p['gflops']:,.1f} GFLOP/s at "
+             f"{p['intensity']:.0f} FLOP/byte" for p in best]
+    return text

@@ -27,6 +27,7 @@ from ..timing import time_cpu
 
 NAME = "tile-sweep"
 TITLE = "Tile sweep: c.blocked's GFLOP/s against its tile size, beside naive C and the BLAS (exercise C)"
+DURATION = "about 1 minute"  # on a 2-core machine, said before it starts
 # c.naive_ijk runs at about 1 GFLOP/s: 1024^3 would take seconds per repeat, so it is timed at
 # this size instead when the sweep's shape is larger (its speed hardly depends on size once
 # B is out of cache, which 512 already is for its column walk).
@@ -34,9 +35,9 @@ NAIVE_IJK_MAX = 512
 
 
 def add_arguments(parser) -> None:
-    from ..cli import _shape_arg
+    from ..inputs import shape_argument
 
-    parser.add_argument("--shape", type=_shape_arg, default=parse_shape(1024), metavar="SHAPE", help="N or MxNxK (default 1024)")
+    parser.add_argument("--shape", type=shape_argument, default=parse_shape(1024), metavar="SHAPE", help="N or MxNxK (default 1024)")
     parser.add_argument("--tiles", nargs="+", type=int, default=[8, 16, 32, 64, 128, 256], metavar="TILE",
                         help="tile sizes (default 8 16 32 64 128 256)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
@@ -150,3 +151,14 @@ def _plot(data: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def findings(data: dict) -> list[str]:
+    sweep = {r["tile"]: r.get("gflops") for r in data["sweep"] if r.get("gflops")}
+    lines = {r["implementation"]: r.get("gflops") for r in data["lines"] if r.get("gflops")}
+    best = data.get("best_tile")
+    text = [f"c.blocked at {data['shape']}: " + ", ".join(f"T={t}: {g:.1f}" for t, g in sweep.items()) + " GFLOP/s"]
+    if best in sweep:
+        text.append(f"best tile {best} ({sweep[best]:.1f} GFLOP/s); beside it " +
+                    ", ".join(f"{name} {g:.1f}" for name, g in lines.items()))
+    return text
