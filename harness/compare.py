@@ -228,20 +228,25 @@ class Results:
         names = sorted({row.implementation for row in timed})
         colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
         styles = {dtype: style for dtype, style in zip(sorted({row.dtype for row in timed}), ("-", "--", ":", "-."))}
+        dtypes = ", ".join(sorted({row.dtype for row in timed}))
+        heading += f" ({dtypes})" if dtypes else ""
         if gemm or not gemv:
             ax = axes[0][0]
-            series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            # one tick per shape, in order of FLOPs and labelled MxNxK: 512x512x1024 stays
+            # readable, where a "size" axis (the cube root of M*N*K) would hide it
+            shapes = sorted({row.shape for row in gemm}, key=lambda text: parse_shape(text).flops)
+            series: dict[tuple[str, str], list[tuple[int, float]]] = {}
             for row in gemm:
-                shape = parse_shape(row.shape)
-                size = (shape.m * shape.n * shape.k) ** (1 / 3)  # geometric mean edge: one x axis for any shape
-                series.setdefault((row.implementation, row.dtype), []).append((size, row.gflops))
+                series.setdefault((row.implementation, row.dtype), []).append((shapes.index(row.shape), row.gflops))
             for (name, dtype), points in series.items():
                 points.sort()
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colours[name],
                         linestyle=styles[dtype], label=f"{name} ({dtype})" if several_dtypes else name)
-            ax.set_xscale("log", base=2)
+            ax.set_xticks(range(len(shapes)), [_short_shape(text) for text in shapes])
+            ax.set_xlim(-0.3, len(shapes) - 0.7)
             ax.set_yscale("log")
-            ax.set_xlabel("problem size (cube root of M*N*K)")
+            _readable_log_ticks(ax.yaxis)
+            ax.set_xlabel("shape (MxNxK; N^3 a square), in order of FLOPs")
             ax.set_ylabel("GFLOP/s (2*M*N*K / median time)")
             ax.set_title(heading, fontsize=10)
             ax.grid(True, which="both", alpha=0.3)
@@ -251,15 +256,31 @@ class Results:
         if gemv:
             ax = axes[0][panels - 1]
             names = [f"{label(row)} {row.shape}" for row in gemv]
-            ax.barh(names, [row.gbytes_per_s for row in gemv], color="tab:orange")
+            values = [row.gbytes_per_s for row in gemv]
+            bars = ax.barh(names, values, color=[colours[row.implementation] for row in gemv])
+            # GB/s spans orders of magnitude (pure Python to BLAS): a log axis keeps every bar
+            # visible, and each bar carries its value
+            ax.set_xscale("log")
+            _readable_log_ticks(ax.xaxis)
+            ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values], fontsize=7, padding=2)
+            ax.set_xlim(min(values) / 2, max(values) * 4)
             ax.invert_yaxis()
-            ax.set_xlabel("GB/s (matrix, vector and result, once each)")
+            ax.set_xlabel("GB/s (matrix, vector and result, once each; log scale)")
             ax.set_title("GEMV shapes (M = 1): a bandwidth problem" if gemm else heading, fontsize=10)
             ax.tick_params(axis="y", labelsize=7)
         fig.tight_layout()
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         return path
+
+
+def _readable_log_ticks(axis) -> None:
+    """Plain numbers (0.1, 10, 1,000) on a log axis instead of 10^k, and no unlabelled minor ticks."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, numticks=12))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _finite_or_null(value):

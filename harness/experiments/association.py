@@ -49,17 +49,29 @@ def run(out_dir, size: int = 4096, threads: int = 1) -> dict:
     flop_ratio = counts["A@(B@C)"] / counts["(A@B)@C"]
     say(f"FLOP ratio {flop_ratio:.0f}x; time ratio " + ", ".join(f"{d} {r:.0f}x" for d, r in ratios.items()))
 
+    data = {"size": size, "threads": threads, "flops": counts, "flop_ratio": flop_ratio,
+            "time_ratio": ratios, "results_agree": agree, "rows": rows}
+    return write(out_dir, NAME, data, figure(data))
+
+
+def figure(data: dict):
+    """Each order's time, as labelled bars (log scale: the two differ by orders of magnitude)."""
+    from ..compare import _format_time, _readable_log_ticks
+
+    rows, size = data["rows"], data["size"]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels = [f"{r['device']} {r['order']}" for r in rows]
-    ax.barh(labels, [r["seconds"] for r in rows], color=["tab:green" if r["order"] == "(A@B)@C" else "tab:red" for r in rows])
+    bars = ax.barh(labels, [r["seconds"] for r in rows], color=["tab:green" if r["order"] == "(A@B)@C" else "tab:red" for r in rows])
+    ax.bar_label(bars, labels=[_format_time(r["seconds"]) for r in rows], fontsize=8, padding=3)
     ax.set_xscale("log")
+    _readable_log_ticks(ax.xaxis)
+    ax.set_xlim(min(r["seconds"] for r in rows) / 3, max(r["seconds"] for r in rows) * 5)
     ax.invert_yaxis()
     ax.set_xlabel("seconds (log scale)")
-    ax.set_title(f"(A@B)@C vs A@(B@C), A 1x{size}, B and C {size}x{size}: {flop_ratio:.0f}x the FLOPs")
+    ax.set_title(f"(A@B)@C vs A@(B@C), A 1x{size}, B and C {size}x{size}: {data['flop_ratio']:.0f}x the FLOPs", fontsize=10)
     fig.tight_layout()
-    return write(out_dir, NAME, {"size": size, "threads": threads, "flops": counts, "flop_ratio": flop_ratio,
-                                 "time_ratio": ratios, "results_agree": agree, "rows": rows}, fig)
+    return fig
 
 
 def _cpu_rows(a, b, c, counts, size, threads) -> tuple[bool, list[dict]]:

@@ -66,15 +66,48 @@ def figure(data: dict):
                 axis.axvline(i - 0.5, color="grey", linestyle=":", linewidth=1)
         axis.set_xticks(range(len(m_values)), [str(m) for m in m_values])
         axis.set_xlabel("M (dotted: a multiple of 128 crossed)")
+    from ..compare import _readable_log_ticks
+
     left.set_yscale("log")
+    _readable_log_ticks(left.yaxis)
     left.set_ylabel("ms (log scale)")
-    left.set_title(f"time of (M, {size}) @ ({size}, {size})")
+    left.set_title(f"time of (M, {size}) @ ({size}, {size})", fontsize=10)
     right.set_yscale("log")
-    right.set_ylabel("GFLOP/s")
-    right.set_title("throughput: a tiled GPU kernel dips just past a multiple of its tile")
-    right.legend(fontsize=8)
+    _readable_log_ticks(right.yaxis)
+    right.set_ylabel("GFLOP/s (log scale)")
+    right.set_title("throughput: " + what_it_shows(data), fontsize=10)
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     fig.tight_layout()
     return fig
+
+
+DIP = 0.15  # a throughput drop this large just past a multiple of 128 is a step, not noise
+
+
+def dips(data: dict) -> dict[tuple[str, str], float]:
+    """Per implementation and dtype, the largest relative drop in GFLOP/s from M = 128k to
+    M = 128k + 1 (what tile quantization predicts for a 128-row tile)."""
+    rate = {(r["implementation"], r["dtype"], r["m"]): r["gflops"] for r in data["rows"] if r.get("gflops")}
+    found = {}
+    for (name, dtype, m), gflops in rate.items():
+        if m % 128 == 0 and (name, dtype, m + 1) in rate:
+            drop = 1 - rate[(name, dtype, m + 1)] / gflops
+            found[(name, dtype)] = max(drop, found.get((name, dtype), -1.0))
+    return found
+
+
+def what_it_shows(data: dict) -> str:
+    """The finding the data supports, device by device, for the plot's title."""
+    rows = {(r["implementation"], r["dtype"]): r["device"] for r in data["rows"] if r.get("gflops")}
+    parts = []
+    for device in sorted(set(rows.values())):
+        steps = {key: drop for key, drop in dips(data).items() if rows.get(key) == device and drop > DIP}
+        if steps:
+            (name, dtype), drop = max(steps.items(), key=lambda item: item[1])
+            parts.append(f"{device.upper()}: dips just past multiples of 128 ({name} {dtype}: -{drop:.0%})")
+        else:
+            parts.append(f"{device.upper()}: no step at multiples of 128 beyond {DIP:.0%} noise")
+    return "; ".join(parts) or "nothing timed"
 
 
 def summarize(data: dict) -> str:
