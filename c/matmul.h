@@ -40,4 +40,8 @@ int matmul_packed_blocking(int64_t variant, int64_t elem_size, int64_t *sizes);
 /* cpu_clock.c: the core's clock in GHz, measured with a chain of dependent adds. */
 double matmul_measure_clock_ghz(void);
 
+/* cpu_roofs.c: one core's FMA throughput in GFLOP/s for 4- or 8-byte floats, best of `trials`
+ * (the median written to *median_gflops when not NULL); 0 where it cannot be measured. */
+double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops);
+
 #endif

@@ -105,7 +105,8 @@ def benchmark_summary(benchmarks) -> list[str]:
     for bench in benchmarks:
         if bench.stats is not None and bench.extra_info.get("flops"):
             groups.setdefault(bench.group, []).append(bench)
-    lines = ["", "matmul summary (median of each benchmark; GFLOP/s = 2*M*N*K / median)"]
+    lines = ["", "matmul summary (median of each benchmark; GFLOP/s = 2*M*N*K / median; % of one core's"
+             " measured FMA roof, '?' where a kernel beat it: the roof was under-measured)"]
     for group in sorted(groups, key=_group_key):
         cases = groups[group]
         baseline = {}
@@ -122,7 +123,7 @@ def benchmark_summary(benchmarks) -> list[str]:
             gflops = bench.extra_info["flops"] / median / 1e9
             dtype = bench.extra_info["dtype"]
             peak = machine.cpu_peak_gflops(dtype, 1) if impl.device == "cpu" else None
-            share = f"{100 * gflops / peak:.0f}%" if peak else ""
+            share = f"{100 * gflops / peak:.0f}%" + ("?" if gflops > peak else "") if peak else ""
             base = baseline.get(impl.device)
             speed = f"{base / median:.2f}x" if base else ""
             lines.append(f"  {impl.name:<24} {_human_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>8}")

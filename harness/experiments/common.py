@@ -151,9 +151,11 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
-def cpu_bandwidth_gbps(megabytes: int = 256, repeats: int = 5) -> float:
+@lru_cache(maxsize=None)
+def cpu_bandwidth_gbps(megabytes: int = 256, repeats: int = 7) -> float:
     """Memory bandwidth one core sustains, from copying a buffer far larger than the caches
-    (bytes read plus bytes written, best of ``repeats``)."""
+    (bytes read plus bytes written, best of ``repeats``). Measured once per process, so the
+    roofline and the GEMV experiment score against the same roof."""
     source = np.ones(megabytes * 1024 * 1024 // 8)
     target = np.empty_like(source)
     best = float("inf")
