@@ -65,16 +65,29 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
                 a, b = inputs(shape, "bfloat16")
                 points.append({**measure("torch.cublas", a, b), "intensity": intensity(shape, 2)})
 
+    data = {"roofs": roofs, "points": points}
+    return write(out_dir, NAME, data, figure(data))
+
+
+def figure(data: dict):
+    """Each device's roofs and the measured points, on log-log axes."""
+    from ..compare import _readable_log_ticks
+
+    roofs, points = data["roofs"], data["points"]
     plt = pyplot()
     panels = [d for d in ("cpu", "gpu") if d in roofs]
     fig, axes = plt.subplots(1, len(panels), figsize=(10 * len(panels), 5.5), squeeze=False)
     for axis, device in zip(axes[0], panels):
         roof = roofs[device]
-        xs = [2.0**e for e in range(-4, 12)]
+        low, high = 2.0**-4, 2.0**12
         for dtype, style in (("float32", "-"), ("float64", "--"), ("bfloat16", "-.")):
             if roof.get(dtype):
+                # the bandwidth slope up to the ridge, then flat: drawn through the ridge itself,
+                # so the corner sits at peak / bandwidth, not at the nearest sampled power of two
+                ridge = roof[dtype] / roof["bandwidth_gbps"]
+                xs = [low, ridge, high] if low < ridge < high else [low, high]
                 axis.plot(xs, [min(roof[dtype], x * roof["bandwidth_gbps"]) for x in xs], "k" + style, linewidth=1,
-                          label=f"roof {dtype}")
+                          label=f"roof {dtype} (ridge {ridge:.1f} FLOP/byte)")
         markers = "osD^v<>pPX*h"
         mine = [p for p in points if p.get("device") == device and "gflops" in p]
         for index, point in enumerate(mine):
@@ -82,13 +95,14 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
             axis.scatter(point["intensity"], point["gflops"], s=36, marker=markers[index % len(markers)], label=name)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
+        _readable_log_ticks(axis.yaxis)
         axis.set_xlabel("arithmetic intensity (FLOP per byte of A, B and C)")
         axis.set_ylabel("GFLOP/s")
         axis.set_title(f"{device.upper()}: {roof['device']}", fontsize=9)
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    return write(out_dir, NAME, {"roofs": roofs, "points": points}, fig)
+    return fig
 
 
 def summarize(data: dict) -> str:
