@@ -243,5 +243,4 @@ def copy_bandwidth_gbps(megabytes: int = 2048, repeats: int = 5) -> float:
     source = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device="cuda")
     target = torch.empty_like(source)
     timing = time_cuda(lambda: target.copy_(source), min_time=0.0, min_repeats=repeats, max_repeats=repeats)
-    del source, target
     return 2 * megabytes * 2**20 / timing.min_s / 1e9

@@ -77,7 +77,7 @@ def summarize(data: dict) -> str:
 
 
 def findings(data: dict) -> list[str]:
-    text = [f"memory roof: " + ", ".join(f"{d} {g:,.1f} GB/s" for d, g in data["peak_gbps"].items())]
+    text = ["memory roof: " + ", ".join(f"{d} {g:,.1f} GB/s" for d, g in data["peak_gbps"].items())]
     for row in sorted((r for r in data["rows"] if r.get("gbytes_per_s")), key=lambda r: -r["gbytes_per_s"])[:4]:
         share = f" ({row['pct_of_peak']:.0f}% of the roof)" if row.get("pct_of_peak") else ""
         text.append(f"  {row['implementation']} {row['shape']} {row['dtype']}: {row['gbytes_per_s']:,.1f} GB/s{share}")
