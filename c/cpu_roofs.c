@@ -1,4 +1,5 @@
-/* Measure one core's arithmetic roof: the FMA throughput its widest SIMD unit sustains.
+/* Measure one core's roofs: the FMA throughput its widest SIMD unit sustains, and the rate
+ * at which it streams memory in.
  *
  * "% of peak" used to be clock x lanes x 2 x an assumed two FMA units, with the clock from a
  * short add chain: on a busy virtual machine that clock came out low (1.7-2.0 GHz for a 3 GHz
@@ -82,3 +83,55 @@ double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *medi
     return 0.0; /* not measured here: the harness falls back to clock x lanes x FMA units */
 }
 #endif
+
+/* The memory roof: one core summing a buffer far larger than the caches with 64-bit integer
+ * adds (integer adds may be reordered, so the compiler vectorizes them; a float sum it may not). Bytes read per second, best of `trials` (median to *median_gbps).
+ * Returns 0 if the buffer cannot be allocated. */
+#include <stdlib.h>
+
+enum { STREAMS = 8 };
+
+/* STREAMS sequential streams at once, one per equal part of the buffer: one stream alone is
+ * held back by how far the prefetcher runs ahead, where several (as a GEMV walks several rows)
+ * keep more memory requests in flight. */
+static double read_trial(const uint64_t *data, int64_t count) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t0 = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    const int64_t part = count / STREAMS / 8 * 8;
+    uint64_t lanes[STREAMS][8] = {{0}};
+    for (int64_t i = 0; i < part; i += 8)
+        for (int s = 0; s < STREAMS; ++s)
+            for (int j = 0; j < 8; ++j) lanes[s][j] += data[s * part + i + j];
+    count = part * STREAMS;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t1 = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    uint64_t total = 0;
+    for (int s = 0; s < STREAMS; ++s)
+        for (int j = 0; j < 8; ++j) total += lanes[s][j];
+    __asm__ volatile("" : : "r"(total));
+    return 8.0 * (double)count / (t1 - t0);
+}
+
+double matmul_measure_read_gbps(int64_t bytes, int64_t trials, double *median_gbps) {
+    const int64_t count = bytes / 8;
+    if (count < 8 || trials < 1) return 0.0;
+    if (trials > 64) trials = 64;
+    uint64_t *data = malloc((size_t)count * sizeof *data);
+    if (!data) return 0.0;
+    for (int64_t i = 0; i < count; ++i) data[i] = (uint64_t)i; /* touch every page before timing */
+    double rates[64], best = 0;
+    for (int64_t t = 0; t < trials; ++t) {
+        rates[t] = read_trial(data, count);
+        if (rates[t] > best) best = rates[t];
+    }
+    free(data);
+    if (median_gbps) {
+        for (int64_t i = 1; i < trials; ++i)
+            for (int64_t j = i; j > 0 && rates[j] < rates[j - 1]; --j) {
+                double swap = rates[j]; rates[j] = rates[j - 1]; rates[j - 1] = swap;
+            }
+        *median_gbps = rates[trials / 2] * 1e-9;
+    }
+    return best * 1e-9;
+}

@@ -43,5 +43,8 @@ double matmul_measure_clock_ghz(void);
 /* cpu_roofs.c: one core's FMA throughput in GFLOP/s for 4- or 8-byte floats, best of `trials`
  * (the median written to *median_gflops when not NULL); 0 where it cannot be measured. */
 double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops);
+/* cpu_roofs.c: one core streaming `bytes` of memory in, GB/s, best of `trials` (median to
+ * *median_gbps when not NULL); 0 if the buffer cannot be allocated. */
+double matmul_measure_read_gbps(int64_t bytes, int64_t trials, double *median_gbps);
 
 #endif

@@ -87,12 +87,14 @@ FMA_UNITS_PER_CORE = 2
 
 
 ROOF_TRIALS = 25
+READ_BYTES, READ_TRIALS = 512 * 2**20, 7  # far beyond any cache; about 0.3 s in all
 
 
 @lru_cache(maxsize=None)
 def measured_fma_roofs() -> dict | None:
-    """One core's measured FMA throughput per dtype, {"float32": {"best": GFLOP/s, "median":
-    ...}, ...}, or None where it cannot be measured (no known FMA SIMD unit, no C library).
+    """One core's measured roofs: FMA throughput per dtype, {"float32": {"best": GFLOP/s,
+    "median": ...}, "float64": ..., "read_gbps": {"best": GB/s streamed in, "median": ...}},
+    or None where they cannot be measured (no known FMA SIMD unit, no C library).
 
     Measured once per machine and kept in the user's cache: a later measurement replaces the
     kept one only if it is higher (noise only slows a measurement down), so one busy moment
@@ -113,6 +115,10 @@ def measured_fma_roofs() -> dict | None:
         if best <= 0:
             return None
         measured[dtype] = {"best": round(best, 2), "median": round(float(median[0]), 2)}
+    median = ffi.new("double *")
+    best = float(lib.matmul_measure_read_gbps(READ_BYTES, READ_TRIALS, median))
+    if best > 0:
+        measured["read_gbps"] = {"best": round(best, 2), "median": round(float(median[0]), 2)}
     key = f"{cpu_model()} | {' '.join(simd_flags())}"
     cache = _roof_cache_path()
     try:
@@ -130,6 +136,12 @@ def measured_fma_roofs() -> dict | None:
     except OSError:
         pass  # a read-only home: the measurement still serves this process
     return measured
+
+
+def memory_read_gbps() -> float | None:
+    """One core's measured streaming-read bandwidth (the best kept per machine), or None."""
+    roofs = measured_fma_roofs()
+    return roofs["read_gbps"]["best"] if roofs and "read_gbps" in roofs else None
 
 
 def _roof_cache_path():
@@ -228,7 +240,8 @@ def machine_info(measure_clock: bool = True) -> dict:
         if roofs:
             info["cpu_fma_roofs_gflops_per_core"] = roofs
             info["cpu_peak_basis"] = (f"one core's FMA throughput measured with {simd_bits()}-bit SIMD, best of "
-                                      f"{ROOF_TRIALS} trials (median beside it), kept per machine")
+                                      f"{ROOF_TRIALS} trials (median beside it), kept per machine; read_gbps: "
+                                      f"one core streaming {READ_BYTES >> 20} MiB in, best of {READ_TRIALS}")
         else:
             info["cpu_peak_basis"] = f"measured clock x {simd_bits()}-bit SIMD x FMA (2 FLOPs) x {FMA_UNITS_PER_CORE} FMA units"
     return info

@@ -153,9 +153,13 @@ def say(message: str) -> None:
 
 @lru_cache(maxsize=None)
 def cpu_bandwidth_gbps(megabytes: int = 256, repeats: int = 7) -> float:
-    """Memory bandwidth one core sustains, from copying a buffer far larger than the caches
-    (bytes read plus bytes written, best of ``repeats``). Measured once per process, so the
-    roofline and the GEMV experiment score against the same roof."""
+    """Memory bandwidth one core sustains: its measured streaming read (machine.py, the best
+    kept per machine), else copying a buffer far larger than the caches (bytes read plus bytes
+    written, best of ``repeats``). One figure per process, so the roofline and the GEMV
+    experiment score against the same roof."""
+    measured = machine.memory_read_gbps()
+    if measured:
+        return measured
     source = np.ones(megabytes * 1024 * 1024 // 8)
     target = np.empty_like(source)
     best = float("inf")

@@ -80,5 +80,7 @@ def findings(data: dict) -> list[str]:
     text = ["memory roof: " + ", ".join(f"{d} {g:,.1f} GB/s" for d, g in data["peak_gbps"].items())]
     for row in sorted((r for r in data["rows"] if r.get("gbytes_per_s")), key=lambda r: -r["gbytes_per_s"])[:4]:
         share = f" ({row['pct_of_peak']:.0f}% of the roof)" if row.get("pct_of_peak") else ""
+        if (row.get("pct_of_peak") or 0) > 100:
+            share += "?: above the roof, which was measured low (caches, or a busy machine)"
         text.append(f"  {row['implementation']} {row['shape']} {row['dtype']}: {row['gbytes_per_s']:,.1f} GB/s{share}")
     return text
