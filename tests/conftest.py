@@ -105,8 +105,8 @@ def benchmark_summary(benchmarks) -> list[str]:
     for bench in benchmarks:
         if bench.stats is not None and bench.extra_info.get("flops"):
             groups.setdefault(bench.group, []).append(bench)
-    lines = ["", "matmul summary (median of each benchmark; GFLOP/s = 2*M*N*K / median; % of one core's"
-             " measured FMA roof, '?' where a kernel beat it: the roof was under-measured)"]
+    lines = ["", "matmul summary: the median of each benchmark, GFLOP/s = 2*M*N*K / median,",
+             "% of one core's measured FMA roof ('?' where a kernel beat it: the roof was measured low)"]
     for group in sorted(groups, key=_group_key):
         cases = groups[group]
         baseline = {}

@@ -158,3 +158,28 @@ def test_the_cpu_roof_is_measured_and_kept_at_its_best(tmp_path, monkeypatch):
     machine.measured_fma_roofs.cache_clear()
     assert machine.cpu_peak_gflops("float32", cores=2) == 2e9
     machine.measured_fma_roofs.cache_clear()
+
+
+def test_benchmark_groups_and_summary_are_in_numeric_order():
+    from types import SimpleNamespace
+
+    from conftest import _group_key, benchmark_summary
+
+    groups = ["1024x1024x1024 float32", "128x128x128 float32", "1x4096x4096 float32", "512x512x512 float32"]
+    assert sorted(groups, key=_group_key) == ["128x128x128 float32", "1x4096x4096 float32",
+                                              "512x512x512 float32", "1024x1024x1024 float32"]
+
+    def bench(name, group, median, flops):
+        return SimpleNamespace(group=group, stats=SimpleNamespace(median=median),
+                               extra_info={"implementation": name, "flops": flops, "dtype": "float32"})
+
+    lines = benchmark_summary([
+        bench("c.packed", "1024x1024x1024 float32", 0.02, 2 * 1024**3),
+        bench("numpy.matmul", "1024x1024x1024 float32", 0.019, 2 * 1024**3),
+        bench("c.packed", "128x128x128 float32", 5e-5, 2 * 128**3),
+    ])
+    headings = [line for line in lines if line.endswith("float32:")]
+    assert headings == ["128x128x128 float32:", "1024x1024x1024 float32:"]
+    packed = next(line for line in lines if "c.packed" in line and "20.0 ms" in line)
+    assert "107" in packed and "0.95x" in packed  # GFLOP/s and speed against numpy.matmul
+    assert max(len(line) for line in lines) <= 100
