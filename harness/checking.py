@@ -41,18 +41,23 @@ fails, whatever its values.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from .inputs import dtype_name
+from .inputs import dtype_name, numpy_dtype
 
-UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
-LARGEST = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38, "float16": 65504.0,
-           "bfloat16": 3.3895313892515355e38}
-SMALLEST_NORMAL = {"float64": 2.2250738585072014e-308, "float32": 1.1754943508222875e-38,
-                   "float16": 6.103515625e-05, "bfloat16": 1.1754943508222875e-38}
 ACCUMULATES_IN = {"float16": "float32", "bfloat16": "float32"}
 SAFETY = 4.0
+
+
+@lru_cache(maxsize=None)
+def _limits(name: str) -> tuple[float, float, float]:
+    """(unit roundoff, largest finite, smallest normal) of a dtype, from its finfo."""
+    import ml_dtypes
+
+    info = ml_dtypes.finfo(numpy_dtype(name))  # ml_dtypes.finfo knows NumPy's dtypes and bfloat16
+    return float(info.eps) / 2, float(info.max), float(info.smallest_normal)
 
 
 @dataclass(frozen=True)
@@ -81,12 +86,12 @@ def tolerance(dtype, k: int, product, terms_norm):
     """``allowed`` per element (an array like ``product``), for a result in ``dtype`` of a
     product with inner dimension ``k``. Works on NumPy arrays and torch tensors alike."""
     name = dtype_name(dtype)
-    if name not in UNIT_ROUNDOFF:
+    if name not in ("float64", "float32", "float16", "bfloat16"):
         raise TypeError(f"no error model for dtype {name}")
-    u_out = UNIT_ROUNDOFF[name]
-    u_acc = UNIT_ROUNDOFF[ACCUMULATES_IN.get(name, name)]
+    u_out, _, smallest_normal = _limits(name)
+    u_acc = _limits(ACCUMULATES_IN.get(name, name))[0]
     magnitude = abs(product)
-    return 2 * u_out * magnitude + SAFETY * u_acc * max(int(k), 1) ** 0.5 * (magnitude + terms_norm) + SMALLEST_NORMAL[name]
+    return 2 * u_out * magnitude + SAFETY * u_acc * max(int(k), 1) ** 0.5 * (magnitude + terms_norm) + smallest_normal
 
 
 @dataclass(frozen=True)
@@ -124,8 +129,8 @@ def compare_elements(xp, got, ref, terms_norm, dtype, k: int) -> CheckOutcome:
     milliseconds. ``dtype`` is the problem's; ``k`` the inner dimension."""
     name = dtype_name(dtype)
     allowed = tolerance(name, k, ref, terms_norm)
-    largest_out = LARGEST[name]
-    largest_acc = LARGEST[ACCUMULATES_IN.get(name, name)]
+    largest_out = _limits(name)[1]
+    largest_acc = _limits(ACCUMULATES_IN.get(name, name))[1]
     ref_nan, got_nan = xp.isnan(ref), xp.isnan(got)
     ref_inf, got_inf = xp.isinf(ref), xp.isinf(got)
     # partial sums can leave the accumulator's range; for a result in range that makes any

@@ -100,6 +100,7 @@ def benchmark_summary(benchmarks) -> list[str]:
     speed against the baseline (numpy.matmul on the CPU, torch.cublas on the GPU)."""
     import harness
     from harness import machine
+    from harness.compare import _format_time
 
     groups: dict[str, list] = {}
     for bench in benchmarks:
@@ -126,14 +127,8 @@ def benchmark_summary(benchmarks) -> list[str]:
             share = f"{100 * gflops / peak:.0f}%" + ("?" if gflops > peak else "") if peak else ""
             base = baseline.get(impl.device)
             speed = f"{base / median:.2f}x" if base else ""
-            lines.append(f"  {impl.name:<24} {_human_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>8}")
+            lines.append(f"  {impl.name:<24} {_format_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>8}")
     return lines
-
-
-def _human_time(seconds: float) -> str:
-    from harness.compare import _format_time
-
-    return _format_time(seconds)
 
 
 def _split(text: str) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,7 @@ def _forced() -> str | None:
     return value or None
 
 
+@lru_cache(maxsize=None)  # a failed import is not cached by Python: probe each loader once
 def loader_unavailable_reason(name: str) -> str | None:
     try:
         _LOADER_CLASSES[name].probe()
