@@ -35,6 +35,7 @@ TARGETS = (
     Target("cuda.gemv", "1x16384x16384", "bfloat16", "hbm", 0.80),
     *(Target("triton.matmul", f"{n}x{n}x{n}", dtype, "vs_cublas", 0.90)
       for n in (4096, 8192) for dtype in ("float16", "bfloat16")),
+    *(Target("triton.matmul_tma", f"{n}x{n}x{n}", "bfloat16", "vs_cublas", 0.95) for n in (4096, 8192)),
     *(Target("triton.gemv", "1x16384x16384", dtype, "hbm", 0.80) for dtype in ("float16", "bfloat16")),
 )
 

@@ -226,6 +226,38 @@ def test_triton_gemv_stage_count_changes_nothing():
         "so num_stages may be worth tuning again in triton/gemv.py")
 
 
+# triton/matmul_tma.py: every Hopper config it autotunes over, BF16, and the first in FP16.
+TMA_SET = [("matmul_tma", "bf16", 90, "every"), ("matmul_tma", "fp16", 90, "first")]
+
+
+@needs_cuobjdump
+@needs_triton
+def test_triton_tma_matmul_uses_tma_and_wgmma_without_spills():
+    for compiled in triton_kernels(*TMA_SET):
+        instructions, where = triton_sass(compiled), f"Triton {compiled.name} on {compiled.arch}"
+        expect(instructions, where, "UTMALDG", why="A and B blocks loaded by TMA through the tensor descriptors")
+        expect(instructions, where, "UTMASTG", why="C tiles stored by TMA through the descriptor")
+        expect(instructions, where, "HGMMA", *(["BF16"] if compiled.dtype == "bf16" else []),
+               why="warpgroup MMAs (wgmma) fed from shared memory")
+        expect_no_spills(instructions, where)
+        assert compiled.shared <= triton_aot.SHARED_MEMORY[compiled.sm], (
+            f"{where}: uses {compiled.shared} bytes of shared memory, more than the "
+            f"{triton_aot.SHARED_MEMORY[compiled.sm]} of an H100/H200")
+
+
+@needs_cuobjdump
+@needs_triton
+def test_triton_tma_matmul_on_ampere_would_not_use_tma():
+    """Why triton.matmul_tma refuses GPUs before sm_90 instead of running there: Triton rewrites
+    the descriptors into plain pointer loads for sm_80, so the kernel would have no TMA (in
+    Triton 3.9 not even a shared-memory pipeline: it stages 32 KiB where Hopper stages 160)."""
+    (compiled,) = triton_kernels(("matmul_tma", "bf16", 80, 3))
+    instructions = triton_sass(compiled)
+    assert not sass.find(instructions, "UTMALDG"), f"Triton {compiled.name} on sm_80 has TMA loads: revisit the refusal"
+    assert compiled.shared < 64 * 1024, f"Triton {compiled.name} on sm_80 now pipelines ({compiled.shared} bytes): revisit"
+    expect(instructions, f"Triton {compiled.name} on sm_80", "HMMA", why="tl.dot still on the tensor cores")
+
+
 # ---- the checks can fail -----------------------------------------------------------------------------------
 SPILLING_KERNEL = r'''
 // An array indexed at run time cannot live in registers, and 16 registers are too few anyway.

@@ -204,7 +204,8 @@ def test_triton_imported_first_is_reported_not_run_wrongly():
 # spills, which show in the SASS as local-memory stores and loads (STL/LDL); cuobjdump's LOCAL
 # count does not see them. tests/test_sass.py checks more of the SASS.
 AOT_BUILDS = [("matmul", "fp16", 90, "first"), ("matmul", "bf16", 90, "first"), ("matmul", "bf16", 80, "first"),
-              ("matmul", "fp32", 90, "first"), ("gemv", "bf16", 90, 2), ("gemv", "fp16", 80, 1)]
+              ("matmul", "fp32", 90, "first"), ("gemv", "bf16", 90, 2), ("gemv", "fp16", 80, 1),
+              ("matmul_tma", "bf16", 90, "first")]
 
 
 def test_kernels_compile_for_hopper_and_ampere():
@@ -217,6 +218,9 @@ def test_kernels_compile_for_hopper_and_ampere():
         if compiled.kernel == "matmul" and compiled.dtype != "fp32":
             instruction = "wgmma" if compiled.sm >= 90 else "mma.sync"
             assert instruction in compiled.ptx, f"{where}: no tensor-core instruction ({instruction}) in the PTX"
+        if compiled.kernel == "matmul_tma":
+            for instruction in ("cp.async.bulk.tensor", "wgmma"):  # TMA copies feeding warpgroup MMAs
+                assert instruction in compiled.ptx, f"{where}: no {instruction} in the PTX"
         if compiled.kernel == "gemv":
             assert re.search(r"ld\.global[.\w]*\.v4\.b32", compiled.ptx), f"{where}: no 16-byte loads of W"
         if sass.cuobjdump():
@@ -242,3 +246,138 @@ def test_autotune_configs_pruned_to_shared_memory(matmul_source, monkeypatch):
     assert any(matmul_source._accumulators_per_thread(c) > matmul_source.FP32_ACCUMULATORS for c in tf32)
     monkeypatch.setattr(matmul_source, "_shared_memory_limit", lambda index: 1024)  # nothing fits: keep the smallest
     assert len(matmul_source._prune_configs(matmul_source.AMPERE_CONFIGS, {"a_ptr": tensor((2, 2), "float32")})) == 1
+
+
+# --- the persistent TMA matmul (triton/matmul_tma.py) ------------------------------------------------------
+# Triton 3.9's interpreter runs host-side tensor descriptors: a block load becomes a masked load
+# with zero fill, with TMA's alignment rules asserted (base, strides, block offsets). The TMA
+# instructions themselves are checked in the ahead-of-time compile (test_sass.py).
+@pytest.fixture(scope="module")
+def tma_source():
+    return triton_kernels.load_source("triton/matmul_tma.py")
+
+
+HALF = ["float16", "bfloat16"]
+# 1, 7, 17 and 65 in each dimension; 130 and 70 are not multiples of 8 (padded copies), 33x64x48
+# and 48x24x40 are (read in place).
+TMA_SHAPES = ["1x1x1", "7x17x65", "65x7x17", "17x65x7", "1x130x70", "100x130x70", "33x64x48", "48x24x40"]
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", TMA_SHAPES)
+def test_matmul_tma_shapes_and_dtypes(shape, dtype):
+    a, b = make_inputs(shape, dtype)
+    a_before, b_before = a.copy(), b.copy()
+    prepared = harness.get("triton.matmul_tma").prepare(a, b)
+    assert prepared.mode == ("native" if MODE == "native" else "interpreted")
+    prepared.run()
+    c = prepared.result()
+    assert c.dtype == a.dtype and c.shape == (a.shape[0], b.shape[1])
+    outcome = check(c, a, b)
+    assert outcome.passed, outcome.message
+    np.testing.assert_array_equal(a, a_before)
+    np.testing.assert_array_equal(b, b_before)
+
+
+@pytest.mark.parametrize("subtile", [False, True])
+def test_matmul_tma_persistent_loop(tma_source, subtile):
+    # 7 x 5 = 35 tiles of 16 x 32: one program walks all of them, 4 walk about 9 each (35 is
+    # not a multiple of 4), 64 are more than there are tiles (one each). GROUP_M = 3 leaves a
+    # short last group of tile-rows; 1 is plain row-major order.
+    a, b = tensor((100, 40), "bfloat16", 10), tensor((40, 150), "bfloat16", 11)
+    for programs in (1, 4, 64):
+        for group_m in (1, 3):
+            config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": group_m, "EPILOGUE_SUBTILE": subtile}
+            c = tma_source.matmul_tma(a, b, config=config, programs=programs)
+            assert c.is_contiguous() and c.shape == (100, 150)
+            assert_close(c, a, b)
+
+
+def test_matmul_tma_default_config(tma_source):
+    # Interpreted: the one small config; native: the autotuner.
+    a, b = tensor((33, 48), "float16", 12), tensor((48, 72), "float16", 13)
+    assert_close(tma_source.matmul_tma(a, b), a, b)
+
+
+def test_tma_alignment_rules_and_padded_copies(tma_source):
+    aligned = tensor((9, 24), "float16", 14)  # 48-byte rows
+    assert tma_source.tma_operand(aligned) is aligned  # read in place, no copy
+    # What TMA refuses, as Triton's own descriptor checks it: K = 7 halves is a 14-byte row stride.
+    odd = tensor((9, 7), "float16", 15)
+    with pytest.raises(AssertionError, match="16-byte aligned"):
+        tma_source.TensorDescriptor(odd, [9, 7], [7, 1], [16, 16])
+    for t in (odd, aligned.T, aligned[:, 1:]):  # odd row length, transposed view, unaligned base
+        assert not tma_source.tma_compatible(t)
+        copy = tma_source.tma_operand(t)
+        assert tma_source.tma_compatible(copy) and copy.shape == t.shape and torch.equal(copy, t)
+        assert copy.stride(0) % 8 == 0 and copy.stride(1) == 1
+        tma_source.TensorDescriptor(copy, list(copy.shape), [copy.stride(0), 1], [16, 16])  # accepted now
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_matmul_tma_transposed_and_strided_inputs(tma_source, dtype):
+    m, n, k = 40, 50, 36
+    a_t, b_t, wide = tensor((k, m), dtype, 16), tensor((n, k), dtype, 17), tensor((m, 2 * k), dtype, 18)
+    before = [t.clone() for t in (a_t, b_t, wide)]
+    for a, b in [(a_t.T, b_t.T), (wide[:, ::2], b_t.T.contiguous()), (wide[:, 1:k + 1], b_t.T)]:
+        assert_close(tma_source.matmul_tma(a, b), a, b)
+    assert all(torch.equal(t, u) for t, u in zip((a_t, b_t, wide), before))  # inputs untouched
+
+
+def test_tma_unavailable_reasons(tma_source):
+    assert tma_source.tma_unavailable_reason(None) is None  # the interpreter: no GPU to ask
+    assert tma_source.tma_unavailable_reason((9, 0)) is None and tma_source.tma_unavailable_reason((10, 0)) is None
+    older = tma_source.tma_unavailable_reason((8, 6))
+    assert "sm_86" in older and "sm_90" in older and "triton.matmul" in older
+    missing = tma_source.tma_unavailable_reason((9, 0), descriptors=False)
+    assert "no tensor descriptors" in missing and tma_source.triton.__version__ in missing
+
+
+def test_harness_reports_tma_kernel_unavailable_on_older_gpus(tma_source, monkeypatch):
+    impl = harness.lookup("triton.matmul_tma")
+    if MODE == "interpreted":
+        assert impl.unavailable_reason() is None  # interpreted: no GPU that could be too old
+    # As on an A100 with native Triton: the row says why, and points at triton.matmul.
+    monkeypatch.setattr(triton_kernels, "setup", lambda: ("native", None))
+    monkeypatch.setattr(triton_kernels, "load_source", lambda relative: tma_source)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (8, 0))
+    reason = impl.unavailable_reason()
+    assert reason and "sm_80" in reason and "triton.matmul" in reason
+    assert harness.lookup("triton.matmul").unavailable_reason() is None  # the plain kernel still runs
+
+
+def test_matmul_tma_bad_input(tma_source):
+    a, b = tensor((4, 8), "float16"), tensor((8, 3), "float16")
+    with pytest.raises(TypeError, match="float32.*use triton.matmul"):
+        tma_source.matmul_tma(a.float(), b.float())
+    with pytest.raises(ValueError, match=r"\(4, 8\).*\(4, 8\)"):
+        tma_source.matmul_tma(a, a)
+    with pytest.raises(ValueError, match="2-D"):
+        tma_source.matmul_tma(a[0], b)
+    with pytest.raises(TypeError, match="one dtype"):
+        tma_source.matmul_tma(a, b.to(torch.bfloat16))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        tma_source.matmul_tma(np.ones((4, 8), np.float16), b)
+    with pytest.raises(ValueError, match="BLOCK_K must be a power of two >= 16"):
+        tma_source.matmul_tma(a, b, config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 8})
+    with pytest.raises(ValueError, match="at most 256"):
+        tma_source.matmul_tma(a, b, config={"BLOCK_M": 16, "BLOCK_N": 512, "BLOCK_K": 16})
+    with pytest.raises(ValueError, match="programs must be at least 1"):
+        tma_source.matmul_tma(a, b, programs=0)
+    with pytest.raises(MatmulInputError, match="float32"):
+        harness.get("triton.matmul_tma")(*make_inputs("4x4x4", "float32"))
+    for shape in ("5x4x0", "0x4x3", "3x0x4"):  # empty products: zeros, no launch (a descriptor needs sizes > 0)
+        a0, b0 = make_inputs(shape, "bfloat16")
+        c = harness.get("triton.matmul_tma")(a0, b0)
+        assert c.shape == (a0.shape[0], b0.shape[1]) and not c.any()
+
+
+def test_tma_configs_fit_hopper_shared_memory(tma_source):
+    # Every Hopper config fits an H100/H200's 227 KiB per block; with 170 KiB the pruning keeps
+    # those that fit (128 x 128 x 64, 4 stages: 160 KiB), and the smallest when none does.
+    assert tma_source.prune_configs(tma_source.HOPPER_CONFIGS, 232448) == tma_source.HOPPER_CONFIGS
+    small = tma_source.prune_configs(tma_source.HOPPER_CONFIGS, 170 * 1024)
+    assert len(small) == 1 and tma_source.shared_memory_bytes(small[0]) == 160 * 1024
+    assert len(tma_source.prune_configs(tma_source.HOPPER_CONFIGS, 1024)) == 1
+    config = tma_source.HOPPER_CONFIGS[0]  # 128 x 256 x 64, 3 stages, whole C tile staged
+    assert tma_source.shared_memory_bytes(config) == (3 * (128 + 256) * 64 + 128 * 256) * 2

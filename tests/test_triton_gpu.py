@@ -1,7 +1,8 @@
 """GPU only: the Triton kernels compiled and autotuned, checked at the shapes that find bugs.
 
 Skipped (with the reason) on machines without a CUDA GPU, where test_triton.py checks the
-same kernels on Triton's CPU interpreter. The speed targets (triton.matmul at least 0.9x cuBLAS, triton.gemv at least 80% of HBM)
+same kernels on Triton's CPU interpreter. The speed targets (triton.matmul at least 0.9x cuBLAS, triton.matmul_tma
+at least 0.95x, triton.gemv at least 80% of HBM)
 are judged from the GPU comparison's JSON, not re-measured here: ``python -m harness verdicts``.
 """
 import harness  # first: it decides how Triton is set up before anything imports it
@@ -57,4 +58,43 @@ def test_matmul_transposed_views(dtype):
 def test_compare_times_native_rows():
     results = harness.compare(["1024"], "triton.matmul", ["float16"], baselines=False, min_time=0.05)
     row = results.row("triton.matmul", "1024", "float16")
+    assert row.passed and row.mode == "native" and row.median_s and row.gflops, row
+
+
+# triton.matmul_tma: needs sm_90+ (it reports itself unavailable on older GPUs, with the reason).
+TMA_REASON = harness.lookup("triton.matmul_tma").unavailable_reason()
+needs_tma = pytest.mark.skipif(TMA_REASON is not None, reason=f"triton.matmul_tma: {TMA_REASON}")
+
+
+@needs_tma
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", ["1000x1030x700", "1x4096x4096", "129x127x4097", "2048x1024x512", "5000x3000x2000"])
+def test_matmul_tma_native(shape, dtype):
+    # 1030, 700 and 127 are not multiples of 8 (operands copied into padded rows); 5000 x 3000
+    # is 24 x 12 = 288 tiles of 128 x 256 (a bit over two per SM on an H100/H200).
+    a, b = make_inputs(shape, dtype)
+    prepared = harness.get("triton.matmul_tma").prepare(a, b)
+    assert prepared.mode == "native"
+    prepared.run()
+    outcome = check(prepared.result(), a, b)
+    assert outcome.passed, outcome.message
+
+
+@needs_tma
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_matmul_tma_transposed_views(dtype):
+    source = triton_kernels.load_source("triton/matmul_tma.py")
+    a_np, b_np = make_inputs("1024x768x512", dtype)
+    a_t = triton_kernels.to_torch(np.ascontiguousarray(a_np.T), "cuda")
+    b_t = triton_kernels.to_torch(np.ascontiguousarray(b_np.T), "cuda")
+    c = source.matmul_tma(a_t.T, b_t.T)
+    torch.cuda.synchronize()
+    outcome = check(triton_kernels.to_numpy(c), a_np, b_np)
+    assert outcome.passed, outcome.message
+
+
+@needs_tma
+def test_compare_times_native_tma_rows():
+    results = harness.compare(["1024"], "triton.matmul_tma", ["bfloat16"], baselines=False, min_time=0.05)
+    row = results.row("triton.matmul_tma", "1024", "bfloat16")
     assert row.passed and row.mode == "native" and row.median_s and row.gflops, row

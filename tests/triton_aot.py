@@ -14,6 +14,8 @@ A request names a kernel, a dtype, an architecture and which configs:
     ("matmul", "bf16", 90, 2)         the architecture's list's config 2, kept or not
     ("gemv", "bf16", 90, 2)           CONFIGS[2]
     ("gemv", "bf16", 90, 0, 4)        CONFIGS[0] with num_stages = 4
+    ("matmul_tma", "bf16", 90, "every")  every Hopper config of triton/matmul_tma.py that fits
+                                      SHARED_MEMORY; an index picks one of HOPPER_CONFIGS
 """
 from __future__ import annotations
 
@@ -50,8 +52,8 @@ def load(relative):
     spec.loader.exec_module(module)
     return module
 
-mm, gv = load("triton/matmul.py"), load("triton/gemv.py")
-assert not mm.INTERPRETED and not gv.INTERPRETED
+mm, gv, tma = load("triton/matmul.py"), load("triton/gemv.py"), load("triton/matmul_tma.py")
+assert not mm.INTERPRETED and not gv.INTERPRETED and not tma.INTERPRETED
 TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 KERNELS = {
     # kernel, pointer arguments, arguments divisible by 16, constants of a row-major call
@@ -59,11 +61,23 @@ KERNELS = {
                {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1, "UPCAST": False}),
     "gemv": (gv.gemv_kernel, ["w_ptr", "x_ptr", "y_ptr"], ["N", "K", "stride_wn"],
              {"stride_wk": 1, "stride_x": 1, "stride_y": 1}),
+    # tensor descriptors instead of pointers; 132 programs: an H100 SXM's (and H200's) SMs
+    "matmul_tma": (tma.matmul_tma_kernel, [], ["M", "N", "K"], {"NUM_PROGRAMS": 132, "FLATTEN": True, "UPCAST": False}),
 }
+
+def descriptor_types(dtype, kw):  # the descriptor arguments' types, spelled as Triton's launcher does
+    c_n = kw["BLOCK_N"] // 2 if kw["EPILOGUE_SUBTILE"] else kw["BLOCK_N"]
+    return {"a_desc": f"tensordesc<{dtype}[{kw['BLOCK_M']}, {kw['BLOCK_K']}]>",
+            "b_desc": f"tensordesc<{dtype}[{kw['BLOCK_K']}, {kw['BLOCK_N']}]>",
+            "c_desc": f"tensordesc<{dtype}[{kw['BLOCK_M']}, {c_n}]>"}
 
 def configs(kernel, dtype, sm, which):
     if kernel == "gemv":
         kept = gv.CONFIGS
+    elif kernel == "matmul_tma":
+        if isinstance(which, int):
+            return [tma.HOPPER_CONFIGS[which]]
+        kept = tma.prune_configs(tma.HOPPER_CONFIGS, shared_memory[str(sm)])
     else:  # what the autotuner would try on this architecture, for this dtype
         listed = mm.HOPPER_CONFIGS if sm >= 90 else mm.AMPERE_CONFIGS
         if isinstance(which, int):
@@ -80,6 +94,8 @@ def build(kernel, dtype, sm, config, stages):
         constants["INPUT_PRECISION"] = "ieee" if dtype == "fp32" else "tf32"
     signature = {arg: "i32" for arg in fn.arg_names}
     signature.update({arg: "*" + dtype for arg in pointers})
+    if kernel == "matmul_tma":
+        signature.update(descriptor_types(dtype, config.kwargs))
     signature.update({arg: "constexpr" for arg in constants})
     attrs = {(fn.arg_names.index(arg),): [["tt.divisibility", 16]] for arg in pointers + divisible}
     stages = config.num_stages if stages is None else stages
@@ -93,6 +109,7 @@ def build(kernel, dtype, sm, config, stages):
     compiled = triton.compile(source, target=target, options=options.__dict__)
     kw = config.kwargs
     tile = "x".join(str(value) for key, value in kw.items() if key.startswith("BLOCK_"))  # MxNxK or NxK
+    tile += " subtiled" if kw.get("EPILOGUE_SUBTILE") else ""
     return {"name": f"{kernel} {dtype} {tile} warps={config.num_warps} stages={stages}", "kernel": kernel,
             "dtype": dtype, "sm": sm, "config": kw, "warps": config.num_warps, "stages": stages,
             "shared": compiled.metadata.shared, "ptx": compiled.asm["ptx"],
@@ -109,7 +126,7 @@ print(json.dumps({"results": results}))
 @dataclass(frozen=True)
 class Compiled:
     name: str        # "matmul bf16 128x256x64 warps=8 stages=3"
-    kernel: str      # "matmul" or "gemv"
+    kernel: str      # "matmul", "gemv" or "matmul_tma"
     dtype: str       # Triton's spelling: fp32, fp16, bf16
     sm: int          # 90 or 80
     config: dict

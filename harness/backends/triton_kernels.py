@@ -1,4 +1,4 @@
-"""Adapter for triton/: the Triton matmul and GEMV, native on a GPU, interpreted without one.
+"""Adapter for triton/: the Triton matmuls and GEMV, native on a GPU, interpreted without one.
 
 (Named triton_kernels, not triton, so that nothing here can be mistaken for the real package.)
 
@@ -159,12 +159,19 @@ class TritonBackend:
     made while preparing, outside the timed region.
     """
 
-    def __init__(self, function: str, gemv: bool = False):
+    def __init__(self, function: str, gemv: bool = False, needs_tma: bool = False):
         self.function = function
         self.gemv = gemv
+        self.needs_tma = needs_tma  # the source says itself whether this GPU and Triton have TMA
 
     def unavailable_reason(self, impl):
-        return setup()[1]
+        mode, reason = setup()
+        if reason or not self.needs_tma:
+            return reason
+        import torch
+
+        capability = torch.cuda.get_device_capability() if mode == "native" else None  # interpreted: no GPU
+        return load_source(impl.source).tma_unavailable_reason(capability)
 
     def run_mode(self, impl) -> str:
         return setup()[0] or "native"  # unavailable: let the reason, not a size cap, say so
@@ -195,6 +202,13 @@ IMPLEMENTATIONS = [
         "tl.dot on BLOCK_M x BLOCK_N tiles in grouped order (L2 reuse), FP32 accumulate, autotuned",
         TritonBackend("matmul"), source="triton/matmul.py", requires=("gpu", "torch", "triton"),
         options={"allow_tf32": False, "config": None},
+    ),
+    Implementation(
+        "triton.matmul_tma", "triton", "gpu", ("float16", "bfloat16"),
+        "persistent (one program per SM, grouped tile order), A, B and C moved by TMA via "
+        "tensor descriptors; sm_90+",
+        TritonBackend("matmul_tma", needs_tma=True), source="triton/matmul_tma.py",
+        requires=("gpu", "torch", "triton"), options={"config": None, "programs": None},
     ),
     Implementation(
         "triton.gemv", "triton", "gpu", ("float32", "float16", "bfloat16"),
