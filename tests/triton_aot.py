@@ -62,7 +62,7 @@ KERNELS = {
     "gemv": (gv.gemv_kernel, ["w_ptr", "x_ptr", "y_ptr"], ["N", "K", "stride_wn"],
              {"stride_wk": 1, "stride_x": 1, "stride_y": 1}),
     # tensor descriptors instead of pointers; 132 programs: an H100 SXM's (and H200's) SMs
-    "matmul_tma": (tma.matmul_tma_kernel, [], ["M", "N", "K"], {"NUM_PROGRAMS": 132, "FLATTEN": True, "UPCAST": False}),
+    "matmul_tma": (tma.matmul_tma_kernel, [], ["M", "N", "K"], {"NUM_PROGRAMS": 132, "UPCAST": False}),
 }
 
 def descriptor_types(dtype, kw):  # the descriptor arguments' types, spelled as Triton's launcher does
@@ -110,6 +110,7 @@ def build(kernel, dtype, sm, config, stages):
     kw = config.kwargs
     tile = "x".join(str(value) for key, value in kw.items() if key.startswith("BLOCK_"))  # MxNxK or NxK
     tile += " subtiled" if kw.get("EPILOGUE_SUBTILE") else ""
+    tile += " unflattened" if kw.get("FLATTEN") is False else ""
     return {"name": f"{kernel} {dtype} {tile} warps={config.num_warps} stages={stages}", "kernel": kernel,
             "dtype": dtype, "sm": sm, "config": kw, "warps": config.num_warps, "stages": stages,
             "shared": compiled.metadata.shared, "ptx": compiled.asm["ptx"],

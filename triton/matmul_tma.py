@@ -20,7 +20,8 @@ tile order); three things around it change, each aimed at Hopper (sm_90):
    (``min(SMs, tiles)``) walks the tiles ``program_id, program_id + SMs, ...`` in the same
    grouped order. No launch or tail-wave cost per tile, and the loads for the next tile can be
    issued while the current tile's epilogue runs: Triton flattens the tile loop and the K loop
-   into one software-pipelined loop (``tl.range(..., flatten=True)``).
+   into one software-pipelined loop (``tl.range(..., flatten=True)``; the autotuner may also
+   pick an unflattened config, see HOPPER_CONFIGS).
 3. **Epilogue through shared memory and TMA** (``c_desc.store``), optionally in two halves
    (EPILOGUE_SUBTILE) so the staging buffer is half as large and one more pipeline stage fits
    in shared memory.
@@ -182,10 +183,10 @@ def _set_block_shapes(nargs):
     nargs["c_desc"].block_shape = [block_m, block_n // 2 if nargs["EPILOGUE_SUBTILE"] else block_n]
 
 
-def _config(block_m, block_n, block_k, stages, warps, subtile, group_m=8):
+def _config(block_m, block_n, block_k, stages, warps, subtile, flatten=True, group_m=8):
     return triton.Config(
         {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m,
-         "EPILOGUE_SUBTILE": subtile},
+         "EPILOGUE_SUBTILE": subtile, "FLATTEN": flatten},
         num_stages=stages, num_warps=warps, pre_hook=_set_block_shapes,
     )
 
@@ -196,6 +197,12 @@ def _config(block_m, block_n, block_k, stages, warps, subtile, group_m=8):
 # 227 KiB of an H100/H200, and 4 stages fit with the C buffer halved (EPILOGUE_SUBTILE).
 # 128 x 256 with 8 warps holds 128 FP32 accumulators per thread: 154 registers with ptxas
 # (Triton 3.9, sm_90), no spills; tests/test_sass.py checks every config for spills.
+# Flattening the tile and K loops (the tutorial's choice) nearly doubles the SASS (1072 against
+# 592 instructions for the first config) in exchange for overlapping one tile's epilogue with the
+# next tile's loads; which wins was not measured when these were written, so the two leading
+# tiles are also offered unflattened and the autotuner decides. Triton's automatic warp
+# specialization (``tl.range(..., warp_specialize=True)``) is not offered: on sm_90 Triton 3.9
+# compiles this kernel to the same SASS with it as without (it targets Blackwell).
 HOPPER_CONFIGS = [
     _config(128, 256, 64, stages=3, warps=8, subtile=False),
     _config(128, 256, 64, stages=4, warps=8, subtile=True),
@@ -203,11 +210,14 @@ HOPPER_CONFIGS = [
     _config(128, 128, 64, stages=4, warps=8, subtile=False),
     _config(128, 128, 64, stages=5, warps=4, subtile=True),
     _config(128, 128, 128, stages=3, warps=8, subtile=False),
+    _config(128, 256, 64, stages=3, warps=8, subtile=False, flatten=False),
+    _config(128, 128, 64, stages=4, warps=8, subtile=False, flatten=False),
 ]
 
 # The interpreter runs programs one after another in NumPy: small blocks, and few programs so
 # that each one walks several tiles (the persistent loop is what is being checked).
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "EPILOGUE_SUBTILE": True}
+INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "EPILOGUE_SUBTILE": True,
+                      "FLATTEN": False}
 INTERPRETER_PROGRAMS = 3
 
 
@@ -315,7 +325,7 @@ def matmul_tma(a, b, *, config=None, programs=None):
     """C = a @ b for FP16 or BF16 torch tensors a [M, K] and b [K, N] of any strides.
 
     Returns a new contiguous C [M, N] in the inputs' dtype. ``config`` (a dict of BLOCK_M,
-    BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SUBTILE and optionally num_warps, num_stages) skips the
+    BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SUBTILE, FLATTEN and optionally num_warps, num_stages) skips the
     autotuner; ``programs`` sets how many persistent programs run (default: one per SM, or
     INTERPRETER_PROGRAMS under the interpreter).
     """
@@ -335,9 +345,6 @@ def matmul_tma(a, b, *, config=None, programs=None):
         "NUM_PROGRAMS": programs,
         # The interpreter's tl.dot multiplies BF16 bit patterns as integers; FP16 is fine.
         "UPCAST": INTERPRETED and a.dtype == torch.bfloat16,
-        # The interpreter has no loop fusion to ask for; on a GPU it is what keeps the pipeline
-        # full across tile boundaries.
-        "FLATTEN": not INTERPRETED,
     }
     if config is None and INTERPRETED:
         config = INTERPRETER_CONFIG
@@ -345,6 +352,7 @@ def matmul_tma(a, b, *, config=None, programs=None):
         config = dict(config)
         config.setdefault("GROUP_M", 8)
         config.setdefault("EPILOGUE_SUBTILE", False)
+        config.setdefault("FLATTEN", True)  # no effect under the interpreter, which runs loops as written
         for block in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             if config.get(block, 0) < 16 or config[block] & (config[block] - 1):
                 raise ValueError(f"matmul_tma: {block} must be a power of two >= 16 (tl.dot's minimum), got {config.get(block)}")
