@@ -32,6 +32,7 @@ TARGETS = (
     Target("cuda.wmma", "8192x8192x8192", "bfloat16", "vs_cublas", 0.25),
     Target("cuda.mma", "4096x4096x4096", "bfloat16", "vs_cublas", 0.50),
     Target("cuda.mma", "8192x8192x8192", "bfloat16", "vs_cublas", 0.50),
+    *(Target("cuda.wgmma", f"{n}x{n}x{n}", "bfloat16", "vs_cublas", 0.80) for n in (4096, 8192)),
     Target("cuda.gemv", "1x16384x16384", "bfloat16", "hbm", 0.80),
     *(Target("triton.matmul", f"{n}x{n}x{n}", dtype, "vs_cublas", 0.90)
       for n in (4096, 8192) for dtype in ("float16", "bfloat16")),

@@ -1,4 +1,5 @@
-"""Every CUDA kernel compiles with nvcc for sm_80 and sm_90, without spilling registers.
+"""Every CUDA kernel compiles with nvcc for sm_80 and sm_90 (wgmma.cu: sm_90a only), without
+spilling registers.
 
 No GPU is needed: nvcc with ``--ptxas-options=-v`` runs the whole device compilation and reports
 registers per thread, shared memory per block, stack frame and spills per kernel, which is what
@@ -19,8 +20,7 @@ pytestmark = pytest.mark.skipif(cuda.nvcc() is None, reason="nvcc not found (PAT
 STATIC_SHARED_LIMIT = 48 * 1024  # beyond this a kernel would need dynamic shared memory and an opt-in
 
 
-@pytest.mark.parametrize("arch", cuda.ARCHS)
-@pytest.mark.parametrize("source", cuda.CUDA_SOURCES)
+@pytest.mark.parametrize("source, arch", [(s, a) for s in cuda.CUDA_SOURCES for a in cuda.archs_for(s)])
 def test_compiles_without_spills(source, arch):
     kernels, log = cuda.compile_with_ptxas(source, arch)
     expected = cuda.kernel_names(source_path(source).read_text())
@@ -29,6 +29,32 @@ def test_compiles_without_spills(source, arch):
         assert not k.spills, f"{k.kernel} spills registers on {arch}: {k.spill_stores} B stored, {k.spill_loads} B loaded\n{log}"
         assert 0 < k.registers <= 255, log
         assert k.shared_bytes <= STATIC_SHARED_LIMIT, log
+
+
+def test_wgmma_is_for_sm_90a_only():
+    """wgmma, TMA and setmaxnreg exist only in the architecture-specific sm_90a target: plain
+    sm_90 refuses them, and a GPU other than sm_90 is told so instead of getting a broken build."""
+    assert cuda.archs_for("cuda/wgmma.cu") == ("sm_90a",)
+    with pytest.raises(RuntimeError, match="sm_90a|wgmma|setmaxnreg"):
+        cuda.compile_with_ptxas("cuda/wgmma.cu", "sm_90")
+    from harness.backends.cuda.toolkit import native_arch
+
+    assert native_arch("cuda/wgmma.cu", "sm_90") == "sm_90a"
+    assert native_arch("cuda/mma.cu", "sm_90") == "sm_90"
+    with pytest.raises(RuntimeError, match="runs on sm_90 only"):
+        native_arch("cuda/wgmma.cu", "sm_100")
+
+
+def test_wgmma_fits_the_register_split_and_dynamic_shared_memory():
+    """384 threads at launch get 65536 / 384 -> 168 registers; setmaxnreg then moves them from the
+    producer (40) to the consumers (232). The ring lives in dynamic shared memory."""
+    kernels, log = cuda.compile_with_ptxas("cuda/wgmma.cu", "sm_90a")
+    for k in kernels:
+        assert k.registers <= 168 and not k.spills, log
+        assert k.shared_bytes == 0, log
+    launch = cuda.plan("wgmma", "bfloat16", 4096, 4096, 4096, sms=132)
+    assert launch.grid == (132, 1, 1) and launch.block == (384, 1, 1)
+    assert 192 * 1024 < launch.shared_bytes <= 227 * 1024  # H100/H200: at most 227 KiB per block
 
 
 def test_every_planned_kernel_exists():

@@ -136,3 +136,58 @@ def test_mma_without_wait_group_is_reported():
     done = _run_mma("thread", text, "nowait")
     assert done.returncode != 0, done.stdout + done.stderr[-4000:]
     assert "WARNING: ThreadSanitizer: data race" in done.stderr, done.stdout + done.stderr[-4000:]
+
+
+# ---- cuda/wgmma.cu: mbarriers, TMA, wgmma (cuda/ptx.h, cuda/emu/include/hopper_emu.h) ------------
+# One block of 384 threads (a producer and two consumer warp groups); K = 136 is 3 K tiles of 64
+# (the last partial) through the 4-stage ring; N = 24 and M = 40 are partial boxes, zero-filled.
+# In the threaded variant a TMA box lands at once, written by the producer thread, and only the
+# full barrier's phase orders it before the consumers' wgmma reads.
+WGMMA_SHAPE = (40, 24, 136)
+WGMMA_DRIVER = '#include "selfcheck_tma.h"\n'
+WGMMA_FULL_WAIT = "ptx::mbarrier_wait_parity(full + 8 * s, phase);"
+
+
+def _wgmma_source() -> str:
+    return source_path("cuda/wgmma.cu").read_text()
+
+
+def _run_wgmma(sanitize: str | None, text: str, tag: str, variant: str = "threads") -> subprocess.CompletedProcess:
+    try:
+        program = cuda.build_emulation("cuda/wgmma.cu", variant=variant, sanitize=sanitize, source_text=text,
+                                       main=WGMMA_DRIVER, executable=True, tag=tag)
+    except RuntimeError as error:
+        if re.search(r"cannot find -l(t|a)san|libtsan|libasan", str(error)):
+            pytest.skip(f"the compiler has no {sanitize} sanitizer runtime: {str(error).splitlines()[-1]}")
+        raise
+    launch = cuda.plan("wgmma", "bfloat16", *WGMMA_SHAPE)
+    a_map, b_map = launch.args[:2]
+    command = [str(program), launch.kernel, "bf16", *map(str, WGMMA_SHAPE), str(launch.grid[0]), str(launch.block[0]),
+               *map(str, (a_map.box_rows, a_map.box_cols, b_map.box_rows, b_map.box_cols))]
+    env = {"TSAN_OPTIONS": "halt_on_error=0 exitcode=66 report_signal_unsafe=0", "ASAN_OPTIONS": "detect_leaks=0"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_wgmma_is_clean_under_thread_sanitizer():
+    done = _run_wgmma("thread", _wgmma_source(), "")
+    assert "ThreadSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+
+
+def test_wgmma_is_clean_under_address_sanitizer():
+    done = _run_wgmma("address", _wgmma_source(), "")
+    assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+
+
+def test_wgmma_without_the_full_barrier_wait_is_reported():
+    """Consumers that read a stage without waiting on its full barrier: in the fibers the boxes
+    land only when a thread tests that barrier, so they are never there (wrong results); under
+    ThreadSanitizer the producer's TMA writes and the consumers' wgmma reads race."""
+    text = _wgmma_source()
+    assert text.count(WGMMA_FULL_WAIT) == 1
+    text = text.replace(WGMMA_FULL_WAIT, "// (removed) " + WGMMA_FULL_WAIT)
+    fibers = _run_wgmma(None, text, "nowait", variant="fibers")
+    assert fibers.returncode == 1, fibers.stdout + fibers.stderr[-4000:]
+    done = _run_wgmma("thread", text, "nowait")
+    assert "WARNING: ThreadSanitizer: data race" in done.stderr, done.stdout + done.stderr[-4000:]

@@ -24,6 +24,9 @@ import triton_aot
 
 CUDA_SOURCES = sorted(f"cuda/{path.name}" for path in source_path("cuda").glob("*.cu"))
 ARCHS = ("sm_80", "sm_90")
+# Sources for one architecture only (wgmma.cu: sm_90a, where wgmma, TMA and setmaxnreg exist).
+SOURCE_ARCHS = {"cuda/wgmma.cu": ("sm_90a",)}
+CUDA_BUILDS = [(source, arch) for source in CUDA_SOURCES for arch in SOURCE_ARCHS.get(source, ARCHS)]
 
 needs_nvcc_and_cuobjdump = pytest.mark.skipif(sass.unavailable_reason() is not None, reason=str(sass.unavailable_reason()))
 needs_cuobjdump = pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not found: " + str(sass.unavailable_reason()))
@@ -91,8 +94,7 @@ def test_parse_sass():
 
 # ---- cuda/ -------------------------------------------------------------------------------------------------
 @needs_nvcc_and_cuobjdump
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("source", CUDA_SOURCES)
+@pytest.mark.parametrize("source, arch", CUDA_BUILDS)
 def test_cuda_kernels_do_not_spill(source, arch):
     kernels = cuda_kernels(source, arch)
     assert kernels, f"cuobjdump found no kernel in {source} for {arch}"
@@ -148,6 +150,26 @@ def test_mma_uses_cp_async_ldmatrix_and_mma_sync(kernel, arch):
         expect(instructions, where, "HMMA", "16816", "BF16", why="BF16 inputs")
     generic = sass.find(instructions, "LD") + sass.find(instructions, "MOVM")
     assert not generic, f"{where}: expected no generic LD or MOVM, found:\n{sass.excerpt(instructions, sorted(generic))}"
+
+
+@needs_nvcc_and_cuobjdump
+@pytest.mark.parametrize("kernel", ["wgmma_bf16", "wgmma_f16"])
+def test_wgmma_uses_tma_wgmma_mbarriers_and_setmaxnreg(kernel):
+    instructions = cuda_kernels("cuda/wgmma.cu", "sm_90a")[kernel]
+    where = f"{kernel} on sm_90a"
+    expect(instructions, where, "UTMALDG", "2D", why="cp.async.bulk.tensor.2d: TMA boxes of A and B")
+    expect(instructions, where, "HGMMA", "64x256x16", "F32", why="wgmma.mma_async m64n256k16, FP32 accumulators")
+    if kernel == "wgmma_bf16":
+        expect(instructions, where, "HGMMA", "64x256x16", "F32", "BF16", why="BF16 inputs")
+    expect(instructions, where, "SYNCS", "ARRIVE", "TRANS64", why="mbarrier arrivals (arrive, arrive.expect_tx)")
+    expect(instructions, where, "SYNCS", "PHASECHK", "TRANS64", "TRYWAIT", why="mbarrier.try_wait.parity")
+    expect(instructions, where, "WARPGROUP", "DEPBAR", "LE", why="wgmma.wait_group")
+    expect(instructions, where, "USETMAXREG", "DEALLOC", why="setmaxnreg.dec in the producer warp group")
+    expect(instructions, where, "USETMAXREG", "TRY_ALLOC", why="setmaxnreg.inc in the consumer warp groups")
+    # No operand goes through registers on its way to the tensor cores: no LDSM, no HMMA.
+    for base in ("LDSM", "HMMA", "LDGSTS"):
+        assert not sass.find(instructions, base), f"{where}: unexpected {base}:\n{sass.excerpt(instructions, sass.find(instructions, base))}"
+    expect_no_spills(instructions, where)
 
 
 # ---- triton/ --------------------------------------------------------------------------------------------------

@@ -24,6 +24,16 @@
 //    exits): a kernel that reads the tile before waiting reads stale data, and under
 //    ThreadSanitizer a thread that reads what another thread's copy wrote, with no barrier
 //    after that thread's wait_group, is a data race.
+//  - mbarriers (Hopper; include/hopper_emu.h): the state of each barrier (phase, pending
+//    arrivals, transaction bytes) lives here, keyed by its shared address and reset per block.
+//    A fiber whose mbarrier try_wait fails yields (Park::yielded) and runs again after the
+//    others; when a whole round of the scheduler changes nothing (no barrier state, no fiber
+//    that got past its wait), the waits can never complete and the launch fails as a deadlock.
+//    With EMU_THREADS the barrier state sits behind one mutex, so an arrive (release) and a
+//    wait that observes its phase (acquire) are a happens-before edge for ThreadSanitizer.
+//  - Dynamic shared memory (`ptx::dynamic_shared_memory()`): one 228 KiB window per library,
+//    aligned to 256 KiB so that the low 18 bits of a host address are its offset in the window,
+//    as a shared-window address is on the GPU (wgmma descriptors hold 18-bit addresses).
 //  - threadIdx/blockIdx/blockDim/gridDim are macros over a thread-local pointer to the running
 //    thread's state and the launch's state.
 #pragma once
@@ -47,6 +57,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <unordered_map>
 #include <vector>
 
 #ifdef EMU_THREADS
@@ -72,6 +83,7 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
 
 // ---- vector types -----------------------------------------------------------------------
 struct uint3 { unsigned x, y, z; };
@@ -136,6 +148,7 @@ struct ThreadState {
     int linear = 0, warp = 0, lane = 0;
     std::vector<AsyncCopy> async_open;                 // issued since the last commit_group
     std::deque<std::vector<AsyncCopy>> async_groups;   // committed, oldest first, not yet landed
+    bool wgmma_fenced = false;                         // a wgmma.fence came before any wgmma
 };
 
 // What the GPU would stop the kernel for (a misaligned address, say): said, then abort.
@@ -162,6 +175,41 @@ inline void async_finish(ThreadState& s) {
     async_wait(s, 0);
     land(s.async_open);
     s.async_open.clear();
+}
+
+// ---- Hopper: the bytes of a tensor map, dynamic shared memory, mbarriers -------------------------
+// A CUtensorMap's 128 bytes, as the kernel receives them (signature letter 'T').
+struct alignas(64) TensorMapBytes { unsigned long long opaque[16]; };
+
+constexpr size_t kSharedWindowBytes = 228 * 1024, kSharedWindowAlign = size_t(1) << 18;
+inline unsigned char* shared_window() {
+    static unsigned char* window = static_cast<unsigned char*>(std::aligned_alloc(kSharedWindowAlign, kSharedWindowAlign));
+    return window;
+}
+
+struct MBarrier {
+    unsigned expected = 0, pending = 0, phase = 0;
+    long long tx = 0;                         // bytes expected minus bytes completed
+    std::vector<AsyncCopy> copies;            // TMA chunks not landed yet (fibers only)
+    long long copy_bytes = 0;
+};
+struct MBarriers {
+    std::unordered_map<std::uintptr_t, MBarrier> table;  // by shared address; reset per block
+    unsigned long changes = 0;                           // any state change: the scheduler's progress
+#ifdef EMU_THREADS
+    std::mutex mutex;
+    std::condition_variable cv;
+#endif
+};
+inline MBarriers mbarriers;
+
+// setmaxnreg per warp group: the value each warp requested, in order (uniformity check).
+struct RegisterRequests { int count[4] = {0, 0, 0, 0}; int value[4][16]; };
+inline RegisterRequests register_requests[kMaxWarps / 4];
+
+inline void reset_block_state() {
+    mbarriers.table.clear();
+    for (RegisterRequests& r : register_requests) r = RegisterRequests{};
 }
 
 inline int lane_id() { return self->lane; }
@@ -224,7 +272,7 @@ using Invoke = void (*)(void**);
 // Fibers: every CUDA thread of a block is a ucontext with its own stack. A fiber is started
 // with setcontext; after that, switches are _setjmp/_longjmp, which (unlike swapcontext) make
 // no system call to save and restore the signal mask: several times faster per barrier.
-enum class Park { runnable, block_barrier, warp_barrier, done };
+enum class Park { runnable, block_barrier, warp_barrier, yielded, done };
 
 struct Fiber : ThreadState {
     ucontext_t context;
@@ -247,6 +295,8 @@ inline void park(Park where) {
 }
 inline void block_barrier() { park(Park::block_barrier); }
 inline void warp_barrier() { park(Park::warp_barrier); }
+// A wait that has not completed: let the other threads run first.
+inline void yield() { park(Park::yielded); }
 
 [[noreturn]] inline void fiber_main() {
     fiber_run.invoke(fiber_run.args);
@@ -304,6 +354,7 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
     for (unsigned by = 0; by < grid.y && !error; ++by)
     for (unsigned bx = 0; bx < grid.x && !error; ++bx) {
         launch.block = {bx, by, bz};
+        reset_block_state();
         for (int i = 0; i < n; ++i) {
             Fiber& f = fibers[i];
             f.tid = {unsigned(i) % block.x, (unsigned(i) / block.x) % block.y, unsigned(i) / (block.x * block.y)};
@@ -314,15 +365,23 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
             f.started = false;
             f.async_open.clear();
             f.async_groups.clear();
+            f.wgmma_fenced = false;
             getcontext(&f.context);
             f.context.uc_stack.ss_sp = stacks.stack(i);
             f.context.uc_stack.ss_size = kStackBytes;
             f.context.uc_link = nullptr;
             makecontext(&f.context, reinterpret_cast<void (*)()>(fiber_main), 0);
         }
+        bool waited = false;  // the previous round resumed yielded fibers only
         for (;;) {
+            const unsigned long changes = mbarriers.changes;
+            bool moved = false;  // a fiber got past a wait, or ran from a barrier
             for (int i = 0; i < n; ++i)
-                if (fibers[i].park == Park::runnable) resume(fibers[i]);
+                if (fibers[i].park == Park::runnable) {
+                    resume(fibers[i]);
+                    if (fibers[i].park != Park::yielded || !waited) moved = true;
+                }
+            waited = false;
             // Everyone is parked or done. Release whole warps waiting at a warp barrier first,
             // then the block barrier once every live thread has reached it.
             bool live = false, released = false, all_at_block = true;
@@ -340,6 +399,18 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
                 }
             }
             if (released) continue;
+            bool yielded = false;
+            for (int i = 0; i < n; ++i) yielded = yielded || fibers[i].park == Park::yielded;
+            if (yielded) {
+                if (!moved && changes == mbarriers.changes) {
+                    error = "deadlock: threads wait on an mbarrier phase that no arrival or copy can complete";
+                    break;
+                }
+                for (int i = 0; i < n; ++i)
+                    if (fibers[i].park == Park::yielded) fibers[i].park = Park::runnable;
+                waited = true;
+                continue;
+            }
             for (int i = 0; i < n; ++i) {
                 if (fibers[i].park == Park::done) continue;
                 live = true;
@@ -400,6 +471,7 @@ inline ThreadsRun threads_run;
 
 inline void block_barrier() { threads_run.block.arrive_and_wait(); }
 inline void warp_barrier() { threads_run.warps[self->warp].arrive_and_wait(); }
+inline void yield() { std::this_thread::yield(); }
 
 inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
     const int n = int(block.x * block.y * block.z);
@@ -410,6 +482,7 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
     for (unsigned by = 0; by < grid.y; ++by)
     for (unsigned bx = 0; bx < grid.x; ++bx) {
         launch.block = {bx, by, bz};
+        reset_block_state();
         threads_run.block.reset(n);
         for (int w = 0; w * kWarpSize < n; ++w) threads_run.warps[w].reset(std::min(kWarpSize, n - w * kWarpSize));
         std::vector<std::thread> threads;
@@ -422,6 +495,7 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
             s.lane = i % kWarpSize;
             s.async_open.clear();
             s.async_groups.clear();
+            s.wgmma_fenced = false;
             threads.emplace_back([&s, invoke, args] {
                 self = &s;
                 invoke(args);

@@ -8,7 +8,7 @@
 // The library then exports, with C linkage:
 //     int         emu_kernel_count(void);
 //     const char* emu_kernel_name(int i);
-//     const char* emu_kernel_signature(int i);   // PyCUDA-style: P pointer, i int, I unsigned, f float
+//     const char* emu_kernel_signature(int i);   // PyCUDA-style: P pointer, i int, I unsigned, f float, T tensor map
 //     int         emu_launch(int i, const unsigned grid[3], const unsigned block[3],
 //                            void** args, char* error, int error_size);
 // `args` is what cuLaunchKernel takes: one pointer per kernel parameter, pointing at its value.
@@ -28,6 +28,7 @@ template <class T> constexpr char signature_char() {
     else if constexpr (std::is_same_v<T, unsigned>) return 'I';
     else if constexpr (std::is_same_v<T, float>) return 'f';
     else if constexpr (std::is_same_v<T, long long>) return 'q';
+    else if constexpr (std::is_same_v<T, TensorMapBytes>) return 'T';  // a CUtensorMap, 128 bytes by value
     else return '?';
 }
 

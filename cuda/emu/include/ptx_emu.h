@@ -176,3 +176,5 @@ inline void cp_async_wait_group() {
 }
 
 }  // namespace ptx
+
+#include "hopper_emu.h"  // mbarrier, TMA, wgmma, setmaxnreg (sm_90a)

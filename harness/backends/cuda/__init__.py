@@ -21,13 +21,16 @@ from ...core import Implementation
 from ...inputs import Shape, dtype_name
 from .emulation import (EMULATE_ENV, EmulatedLibrary, EmulatedPrepared, build_emulation, emulated_library,
                         emulation_requested, emulation_unavailable_reason, kernel_names)
-from .loaders import LOADER_ENV, LOADERS, NativePrepared, active_loader, native_function, native_unavailable_reason
-from .plans import Launch, cdiv, kernel_buffers, plan
+from .loaders import (LOADER_ENV, LOADERS, NativePrepared, _device_arch, active_loader, native_function,
+                      native_unavailable_reason)
+from .plans import EMULATED_SMS, Launch, TensorMapArg, cdiv, kernel_buffers, pitched, plan
 from .resources import KernelResources, compile_with_ptxas, parse_ptxas, ptxas_report, resource_table
-from .toolkit import ARCHS, CUDA_SOURCES, NVCC_OPTIONS, compile_cubin, cuda_root, nvcc
+from .tensormap import encode as encode_tensor_map
+from .toolkit import ARCHS, CUDA_SOURCES, NVCC_OPTIONS, SOURCE_ARCHS, archs_for, compile_cubin, cuda_root, nvcc
 
 __all__ = [
-    "ARCHS", "CUDA_SOURCES", "EMULATE_ENV", "IMPLEMENTATIONS", "LOADERS", "LOADER_ENV", "NVCC_OPTIONS",
+    "ARCHS", "CUDA_SOURCES", "EMULATED_SMS", "EMULATE_ENV", "SOURCE_ARCHS", "TensorMapArg", "archs_for",
+    "encode_tensor_map", "pitched", "IMPLEMENTATIONS", "LOADERS", "LOADER_ENV", "NVCC_OPTIONS",
     "CudaBackend", "EmulatedLibrary", "KernelResources", "Launch", "active_loader", "build_emulation", "cdiv",
     "compile_cubin", "compile_with_ptxas", "cuda_root", "emulated_library", "emulation_requested",
     "emulation_unavailable_reason", "kernel_names", "native_function", "native_unavailable_reason", "nvcc",
@@ -38,8 +41,9 @@ __all__ = [
 class CudaBackend:
     """Runs ``technique`` from ``impl.source`` natively or emulated (see the module docstring)."""
 
-    def __init__(self, technique: str):
+    def __init__(self, technique: str, gpu_archs: tuple[str, ...] = ()):
         self.technique = technique
+        self.gpu_archs = gpu_archs  # the GPUs it runs on, when not every one from sm_80
 
     def unavailable_reason(self, impl):
         if emulation_requested():
@@ -47,6 +51,11 @@ class CudaBackend:
         reason = native_unavailable_reason()
         if reason:
             return f"{reason}; set {EMULATE_ENV}=1 to check the kernels on the CPU emulation (correctness only)"
+        if self.gpu_archs:
+            arch = _device_arch()
+            if arch not in self.gpu_archs:
+                return (f"{impl.name} needs a {' or '.join(self.gpu_archs)} GPU (Hopper: H100/H200) and this one is "
+                        f"{arch}; set {EMULATE_ENV}=1 to check it on the CPU emulation")
         return None
 
     def run_mode(self, impl) -> str:
@@ -56,10 +65,13 @@ class CudaBackend:
     def prepare(self, impl, a, b, options):
         dtype = dtype_name(a.dtype)
         shape = Shape(a.shape[0], b.shape[1], a.shape[1])
-        launch = plan(self.technique, dtype, shape.m, shape.n, shape.k)
-        inputs, out_shape = kernel_buffers(impl.operation, a, b)
+        emulated = emulation_requested()
+        # The persistent kernel's grid is one block per SM (the emulation uses plans.EMULATED_SMS).
+        sms = gpu.device_info()["multiprocessors"] if self.gpu_archs and not emulated else None
+        launch = plan(self.technique, dtype, shape.m, shape.n, shape.k, sms=sms)
+        inputs, out_shape = kernel_buffers(impl.operation, a, b, self.technique)
         result_shape = (shape.m, shape.n)
-        if emulation_requested():
+        if emulated:
             return EmulatedPrepared(emulated_library(impl.source), launch, inputs, out_shape, a.dtype, result_shape)
         return NativePrepared(impl.source, launch, inputs, out_shape, dtype, result_shape)
 
@@ -105,6 +117,12 @@ IMPLEMENTATIONS = [
         "cuda.mma", "cuda", "gpu", ("bfloat16", "float16"),
         "tensor cores in PTX: cp.async 3-stage ring, swizzled shared tiles, ldmatrix, mma.sync m16n8k16",
         CudaBackend("mma"), source="cuda/mma.cu", requires=_REQUIRES,
+    ),
+    Implementation(
+        "cuda.wgmma", "cuda", "gpu", ("bfloat16", "float16"),
+        "Hopper: TMA into a 4-stage mbarrier ring, wgmma m64n256k16 from swizzled shared memory, "
+        "warp-specialized (setmaxnreg), persistent",
+        CudaBackend("wgmma", gpu_archs=("sm_90",)), source="cuda/wgmma.cu", requires=_REQUIRES,
     ),
     Implementation(
         "cuda.gemv", "cuda", "gpu", ("bfloat16", "float32"),

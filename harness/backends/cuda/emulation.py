@@ -22,7 +22,9 @@ import numpy as np
 
 from ... import sources
 from ...clib import interprocess_lock
-from .plans import Launch
+from ...inputs import dtype_name
+from . import tensormap
+from .plans import Launch, TensorMapArg
 from .toolkit import cache_root
 
 EMULATE_ENV = "MATMUL_CUDA_EMULATE"
@@ -169,17 +171,37 @@ class EmulatedLibrary:
             name = self.lib.emu_kernel_name(i).decode()
             self.kernels[name] = (i, self.lib.emu_kernel_signature(i).decode())
 
-    def launch(self, launch: Launch, pointers: dict[str, int]) -> None:
+    def encode_tensor_map(self, arg: TensorMapArg, address: int, pitch_bytes: int, dtype: str) -> bytes:
+        """A tensor map for the emulated TMA, from the emulation's cuTensorMapEncodeTiled."""
+        if not hasattr(self, "_encoder"):
+            try:
+                self._encoder = tensormap.declare(self.lib.emu_tensor_map_encode_tiled)
+            except AttributeError:
+                raise RuntimeError(f"{self.path.name} has no emulated TMA (its source does not include ptx.h)") from None
+        return tensormap.encode(self._encoder, arg, address, pitch_bytes, dtype)
+
+    def launch(self, launch: Launch, pointers: dict[str, int], tensor_maps: dict | None = None) -> None:
+        """``pointers``: the buffers' addresses by name; ``tensor_maps``: the 128 bytes of each
+        TensorMapArg of the launch (by the buffer it maps)."""
         if launch.kernel not in self.kernels:
             raise RuntimeError(f"kernel {launch.kernel} not found in {self.path.name} (it has {', '.join(self.kernels)})")
         index, signature = self.kernels[launch.kernel]
         if signature != launch.signature:
             raise RuntimeError(f"{launch.kernel} takes ({signature}) but the harness passes ({launch.signature}): "
                                "update plan() in harness/backends/cuda/plans.py")
-        values = []
+        addresses, keep = [], []
         for code, arg in zip(signature, launch.args):
-            values.append(self._CTYPES[code](pointers[arg] if isinstance(arg, str) else arg))
-        arg_pointers = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+            if code == "T":  # 128 bytes by value, 64-byte aligned as the kernel's parameter type is
+                raw = ctypes.create_string_buffer(tensormap.TENSOR_MAP_BYTES + 64)
+                offset = (-ctypes.addressof(raw)) % 64
+                ctypes.memmove(ctypes.addressof(raw) + offset, (tensor_maps or {})[arg.buffer], tensormap.TENSOR_MAP_BYTES)
+                keep.append(raw)
+                addresses.append(ctypes.addressof(raw) + offset)
+                continue
+            value = self._CTYPES[code](pointers[arg] if isinstance(arg, str) else arg)
+            keep.append(value)
+            addresses.append(ctypes.addressof(value))
+        arg_pointers = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
         grid = (ctypes.c_uint * 3)(*launch.grid)
         block = (ctypes.c_uint * 3)(*launch.block)
         error = ctypes.create_string_buffer(512)
@@ -217,10 +239,15 @@ class EmulatedPrepared:
         # NaN-filled, so an element the kernel never wrote cannot pass the check
         self.buffers["C"] = _aligned_copy(np.full(out_shape, np.nan, dtype=dtype))
         self.pointers = {name: array.ctypes.data for name, array in self.buffers.items()}
+        self.tensor_maps = {
+            arg.buffer: library.encode_tensor_map(arg, self.pointers[arg.buffer], self.buffers[arg.buffer].strides[0],
+                                                  dtype_name(self.buffers[arg.buffer].dtype))
+            for arg in launch.args if isinstance(arg, TensorMapArg)
+        }
         self.result_shape = result_shape
 
     def run(self) -> None:
-        self.library.launch(self.launch, self.pointers)
+        self.library.launch(self.launch, self.pointers, self.tensor_maps)
 
     def result(self) -> np.ndarray:
         return self.buffers["C"].reshape(self.result_shape).copy()

@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from ... import gpu
-from .plans import Launch
-from .toolkit import compile_cubin
+from . import tensormap
+from .plans import Launch, TensorMapArg
+from .toolkit import compile_cubin, native_arch
 
 LOADER_ENV = "MATMUL_CUDA_LOADER"
 LOADERS = ("pycuda", "cupy")
@@ -57,14 +58,18 @@ class PyCudaLoader:
 
         self.driver = pycuda.driver
 
-    def load(self, cubin: Path, kernel: str, signature: str):
+    def load(self, cubin: Path, kernel: str, signature: str, shared_bytes: int = 0):
         module = self.driver.module_from_buffer(cubin.read_bytes())
         function = module.get_function(kernel)
-        function.prepare(signature)
+        # A tensor map (T) is 128 bytes by value: struct format "128s". Tensor maps come first
+        # in the kernels' parameter lists, so each sits at a multiple of 64 bytes as it must.
+        function.prepare(signature.replace("T", "128s"))
+        if shared_bytes > 48 * 1024:  # dynamic shared memory above 48 KiB is an opt-in per function
+            function.set_attribute(self.driver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
 
         def launch(grid, block, args):
             # prepared_call launches on the legacy default stream, PyTorch's default stream too.
-            function.prepared_call(grid, block, *args)
+            function.prepared_call(grid, block, *args, shared_size=shared_bytes)
 
         launch.module = module  # keep the module alive as long as the launcher
         return launch
@@ -82,16 +87,32 @@ class CupyLoader:
 
         self.cupy = cupy
 
-    def load(self, cubin: Path, kernel: str, signature: str):
+    def _tensor_map(self, raw: bytes):
+        """A CUtensorMap by value: a NumPy structured scalar of 128 bytes, aligned to 64 bytes in
+        the parameter buffer (CuPy passes structured scalars as structs; make_aligned_dtype, CuPy
+        13+, carries the alignment)."""
+        make_aligned = getattr(self.cupy, "make_aligned_dtype", None)
+        if make_aligned is None:
+            raise RuntimeError(f"CuPy {self.cupy.__version__} cannot pass a 64-byte-aligned CUtensorMap by value "
+                               "(cupy.make_aligned_dtype, CuPy 13+): use PyCUDA (MATMUL_CUDA_LOADER=pycuda)")
+        dtype = make_aligned(np.dtype([("opaque", np.uint64, (16,))]), alignment=64)
+        return np.frombuffer(raw, dtype=dtype)[0]
+
+    def load(self, cubin: Path, kernel: str, signature: str, shared_bytes: int = 0):
         module = self.cupy.RawModule(path=str(cubin))
         function = module.get_function(kernel)  # loads the module (the cubin stays in build/)
         # Pointers pass by value as 64-bit integers, ints as C ints: the kernel's parameter
         # buffer has the same bytes either way.
-        converters = {"P": np.uint64, "i": np.int32, "I": np.uint32, "f": np.float32, "q": np.int64}
+        converters = {"P": np.uint64, "i": np.int32, "I": np.uint32, "f": np.float32, "q": np.int64,
+                      "T": self._tensor_map}
+
+        if shared_bytes > 48 * 1024:
+            function.max_dynamic_shared_size_bytes = shared_bytes
 
         def launch(grid, block, args):
             # CuPy's current stream, unless set otherwise, is the legacy default stream: PyTorch's.
-            function(grid, block, tuple(converters[code](arg) for code, arg in zip(signature, args)))
+            function(grid, block, tuple(converters[code](arg) for code, arg in zip(signature, args)),
+                     shared_mem=shared_bytes)
 
         launch.module = module
         return launch
@@ -150,18 +171,18 @@ def active_loader():
     return _active[name]
 
 
-def native_function(relative: str, kernel: str, signature: str):
+def native_function(relative: str, kernel: str, signature: str, shared_bytes: int = 0):
     """``launch(grid, block, args)`` for ``kernel`` of ``relative``, compiled for this GPU.
 
     Cached per loader, source file (its text is in the cubin's cache key) and architecture.
     """
     with _lock:
         loader = active_loader()
-        arch = _device_arch()
+        arch = native_arch(relative, _device_arch())
         cubin, _ = compile_cubin(relative, arch)
-        key = (loader.name, str(cubin), kernel, signature)
+        key = (loader.name, str(cubin), kernel, signature, shared_bytes)
         if key not in _functions:
-            _functions[key] = loader.load(cubin, kernel, signature)
+            _functions[key] = loader.load(cubin, kernel, signature, shared_bytes)
         return _functions[key]
 
 
@@ -173,15 +194,22 @@ class NativePrepared:
 
         self.loader = active_loader().name
         self.launch_plan = launch
-        self.function = native_function(relative, launch.kernel, launch.signature)
+        self.function = native_function(relative, launch.kernel, launch.signature, launch.shared_bytes)
         self.tensors = {name: gpu.to_device(array) for name, array in inputs.items()}
         # NaN-filled, so an element the kernel never wrote cannot pass the check
         self.tensors["C"] = torch.full(out_shape, float("nan"), dtype=gpu.torch_dtype(dtype), device="cuda")
-        self.args = [self.tensors[a].data_ptr() if isinstance(a, str) else int(a) for a in launch.args]
+        self.args = [self._argument(a, dtype) for a in launch.args]
         self.result_shape = result_shape
         self.grid = tuple(int(g) for g in launch.grid)
         self.block = tuple(int(b) for b in launch.block)
         torch.cuda.synchronize()
+
+    def _argument(self, arg, dtype: str):
+        if isinstance(arg, TensorMapArg):  # encoded by the driver over the device buffer
+            tensor = self.tensors[arg.buffer]
+            return tensormap.encode(tensormap.driver_encoder(), arg, tensor.data_ptr(),
+                                    tensor.stride(0) * tensor.element_size(), dtype)
+        return self.tensors[arg].data_ptr() if isinstance(arg, str) else int(arg)
 
     def launch(self) -> None:
         self.function(self.grid, self.block, self.args)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ... import sources
-from .toolkit import ARCHS, CUDA_SOURCES, compile_cubin
+from .toolkit import ARCHS, CUDA_SOURCES, archs_for, compile_cubin
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,18 @@ def compile_with_ptxas(relative: str, arch: str) -> tuple[list[KernelResources],
     return parse_ptxas(log, relative, arch), log
 
 
+def _jobs(files, archs) -> list[tuple[str, str]]:
+    """(source, arch) pairs: each source for the asked architectures, except that a source with
+    its own (wgmma.cu: sm_90a) is compiled for those whenever their base (sm_90) is asked for."""
+    jobs = []
+    for f in files:
+        own = archs_for(f, archs)
+        jobs += [(f, a) for a in own if a in archs or a.rstrip("a") in archs]
+    return jobs
+
+
 def ptxas_report(archs=ARCHS, files=CUDA_SOURCES) -> list[KernelResources]:
-    jobs = [(f, a) for f in files for a in archs]
+    jobs = _jobs(files, archs)
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         results = list(pool.map(lambda job: compile_with_ptxas(*job)[0], jobs))
     return [k for kernels in results for k in kernels]
@@ -88,7 +98,7 @@ def resource_table(archs=ARCHS) -> str:
     """Text table of ``ptxas_report``: what ``python -m harness cuda-info`` prints. A file that
     does not compile for an architecture (BF16 tensor cores need sm_80) is listed below it
     with nvcc's first error, and the other files are still reported."""
-    jobs = [(f, a) for f in CUDA_SOURCES for a in archs]
+    jobs = _jobs(CUDA_SOURCES, archs)
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         outcomes = list(pool.map(_try_compile, jobs))
     rows = [k for kernels, _ in outcomes for k in kernels]

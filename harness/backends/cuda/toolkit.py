@@ -22,7 +22,27 @@ NVCC_OPTIONS = ("-std=c++17", "-O3")
 ARCHS = ("sm_80", "sm_90")            # what the compile check builds for (BF16 WMMA needs sm_80)
 CONVENTIONAL_ROOT = "/usr/local/cuda"
 CUDA_SOURCES = ("cuda/naive.cu", "cuda/tiled.cu", "cuda/register_tiled.cu", "cuda/wmma.cu", "cuda/mma.cu",
-                "cuda/gemv.cu")
+                "cuda/wgmma.cu", "cuda/gemv.cu")
+# Sources that exist for one architecture only: wgmma, TMA and setmaxnreg are in the
+# architecture-specific sm_90a target ("a": code that runs on sm_90 and on no later GPU).
+SOURCE_ARCHS = {"cuda/wgmma.cu": ("sm_90a",)}
+
+
+def archs_for(source: str, archs=ARCHS) -> tuple[str, ...]:
+    """The architectures ``source`` is compiled for by the checks (``archs`` unless it has its own)."""
+    return SOURCE_ARCHS.get(source, tuple(archs))
+
+
+def native_arch(source: str, device_arch: str) -> str:
+    """What to compile ``source`` for on a GPU of ``device_arch`` (sm_90 -> sm_90a for wgmma.cu);
+    raises RuntimeError when the source cannot run there."""
+    own = SOURCE_ARCHS.get(source)
+    if own is None:
+        return device_arch
+    for arch in own:
+        if arch.rstrip("a") == device_arch:
+            return arch
+    raise RuntimeError(f"{source} runs on {', '.join(a.rstrip('a') for a in own)} only (this GPU is {device_arch})")
 
 
 def cache_root() -> Path:
