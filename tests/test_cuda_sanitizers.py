@@ -152,7 +152,8 @@ def _wgmma_source() -> str:
     return source_path("cuda/wgmma.cu").read_text()
 
 
-def _run_wgmma(sanitize: str | None, text: str, tag: str, variant: str = "threads") -> subprocess.CompletedProcess:
+def _run_wgmma(sanitize: str | None, text: str, tag: str, variant: str = "threads",
+               timeout: int = 300) -> subprocess.CompletedProcess:
     try:
         program = cuda.build_emulation("cuda/wgmma.cu", variant=variant, sanitize=sanitize, source_text=text,
                                        main=WGMMA_DRIVER, executable=True, tag=tag)
@@ -165,7 +166,7 @@ def _run_wgmma(sanitize: str | None, text: str, tag: str, variant: str = "thread
     command = [str(program), launch.kernel, "bf16", *map(str, WGMMA_SHAPE), str(launch.grid[0]), str(launch.block[0]),
                *map(str, (a_map.box_rows, a_map.box_cols, b_map.box_rows, b_map.box_cols))]
     env = {"TSAN_OPTIONS": "halt_on_error=0 exitcode=66 report_signal_unsafe=0", "ASAN_OPTIONS": "detect_leaks=0"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_wgmma_is_clean_under_thread_sanitizer():
@@ -189,5 +190,16 @@ def test_wgmma_without_the_full_barrier_wait_is_reported():
     text = text.replace(WGMMA_FULL_WAIT, "// (removed) " + WGMMA_FULL_WAIT)
     fibers = _run_wgmma(None, text, "nowait", variant="fibers")
     assert fibers.returncode == 1, fibers.stdout + fibers.stderr[-4000:]
-    done = _run_wgmma("thread", text, "nowait")
-    assert "WARNING: ThreadSanitizer: data race" in done.stderr, done.stdout + done.stderr[-4000:]
+    # ThreadSanitizer reports the races of the schedule it ran; in a rare schedule the OS orders
+    # the consumers' reads after the copies through other synchronization, so up to 3 runs.
+    outputs = []
+    for _ in range(3):
+        try:
+            done = _run_wgmma("thread", text, "nowait", timeout=60)
+        except subprocess.TimeoutExpired:
+            outputs.append("(timed out)")
+            continue
+        if "WARNING: ThreadSanitizer: data race" in done.stderr:
+            return
+        outputs.append(done.stdout + done.stderr[-2000:])
+    pytest.fail("no data race reported in 3 runs:\n" + "\n".join(outputs))

@@ -29,8 +29,9 @@
 //    A fiber whose mbarrier try_wait fails yields (Park::yielded) and runs again after the
 //    others; when a whole round of the scheduler changes nothing (no barrier state, no fiber
 //    that got past its wait), the waits can never complete and the launch fails as a deadlock.
-//    With EMU_THREADS the barrier state sits behind one mutex, so an arrive (release) and a
-//    wait that observes its phase (acquire) are a happens-before edge for ThreadSanitizer.
+//    With EMU_THREADS each barrier's state sits behind its own mutex, so an arrive (release)
+//    and a wait that observes its phase (acquire) are a happens-before edge for
+//    ThreadSanitizer, and nothing else is.
 //  - Dynamic shared memory (`ptx::dynamic_shared_memory()`): one 228 KiB window per library,
 //    aligned to 256 KiB so that the low 18 bits of a host address are its offset in the window,
 //    as a shared-window address is on the GPU (wgmma descriptors hold 18-bit addresses).
@@ -47,6 +48,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -143,12 +145,23 @@ struct AsyncCopy {
     unsigned char bytes[16];
 };
 
+// A wgmma.mma_async issued and not yet waited for (include/hopper_emu.h): what compute needs to
+// run it for the whole warp at the wait_group that covers it, given every lane's accumulators.
+struct PendingMma {
+    void (*compute)(float* const* d, int warp, unsigned long long a, unsigned long long b, int scale_d);
+    float* d;
+    unsigned long long a, b;
+    int scale_d;
+};
+
 struct ThreadState {
     uint3 tid{0, 0, 0};
     int linear = 0, warp = 0, lane = 0;
     std::vector<AsyncCopy> async_open;                 // issued since the last commit_group
     std::deque<std::vector<AsyncCopy>> async_groups;   // committed, oldest first, not yet landed
     bool wgmma_fenced = false;                         // a wgmma.fence came before any wgmma
+    std::vector<PendingMma> mma_open;                  // issued since the last commit_group
+    std::deque<std::vector<PendingMma>> mma_groups;    // committed, oldest first, not yet computed
 };
 
 // What the GPU would stop the kernel for (a misaligned address, say): said, then abort.
@@ -192,24 +205,34 @@ struct MBarrier {
     long long tx = 0;                         // bytes expected minus bytes completed
     std::vector<AsyncCopy> copies;            // TMA chunks not landed yet (fibers only)
     long long copy_bytes = 0;
-};
-struct MBarriers {
-    std::unordered_map<std::uintptr_t, MBarrier> table;  // by shared address; reset per block
-    unsigned long changes = 0;                           // any state change: the scheduler's progress
 #ifdef EMU_THREADS
+    // One lock per barrier: an arrive and a wait on the same barrier are ordered for
+    // ThreadSanitizer, operations on different barriers are not (as on the GPU).
     std::mutex mutex;
     std::condition_variable cv;
 #endif
 };
+struct MBarriers {
+    // By shared address; entries are added by mbarrier.init only (before the block's threads
+    // use them, after a barrier), so lookups take no lock. Reset per block.
+    std::unordered_map<std::uintptr_t, MBarrier> table;
+    std::atomic<unsigned long> changes{0};    // any state change: the fiber scheduler's progress
+};
 inline MBarriers mbarriers;
 
 // setmaxnreg per warp group: the value each warp requested, in order (uniformity check).
-struct RegisterRequests { int count[4] = {0, 0, 0, 0}; int value[4][16]; };
+struct RegisterRequests {
+    int count[4] = {0, 0, 0, 0};
+    int value[4][16];
+#ifdef EMU_THREADS
+    std::mutex mutex;
+#endif
+};
 inline RegisterRequests register_requests[kMaxWarps / 4];
 
 inline void reset_block_state() {
     mbarriers.table.clear();
-    for (RegisterRequests& r : register_requests) r = RegisterRequests{};
+    for (RegisterRequests& r : register_requests) std::fill(r.count, r.count + 4, 0);
 }
 
 inline int lane_id() { return self->lane; }
@@ -366,6 +389,8 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
             f.async_open.clear();
             f.async_groups.clear();
             f.wgmma_fenced = false;
+            f.mma_open.clear();
+            f.mma_groups.clear();
             getcontext(&f.context);
             f.context.uc_stack.ss_sp = stacks.stack(i);
             f.context.uc_stack.ss_size = kStackBytes;
@@ -374,7 +399,7 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
         }
         bool waited = false;  // the previous round resumed yielded fibers only
         for (;;) {
-            const unsigned long changes = mbarriers.changes;
+            const unsigned long changes = mbarriers.changes.load(std::memory_order_relaxed);
             bool moved = false;  // a fiber got past a wait, or ran from a barrier
             for (int i = 0; i < n; ++i)
                 if (fibers[i].park == Park::runnable) {
@@ -402,7 +427,7 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
             bool yielded = false;
             for (int i = 0; i < n; ++i) yielded = yielded || fibers[i].park == Park::yielded;
             if (yielded) {
-                if (!moved && changes == mbarriers.changes) {
+                if (!moved && changes == mbarriers.changes.load(std::memory_order_relaxed)) {
                     error = "deadlock: threads wait on an mbarrier phase that no arrival or copy can complete";
                     break;
                 }
@@ -496,6 +521,8 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
             s.async_open.clear();
             s.async_groups.clear();
             s.wgmma_fenced = false;
+            s.mma_open.clear();
+            s.mma_groups.clear();
             threads.emplace_back([&s, invoke, args] {
                 self = &s;
                 invoke(args);

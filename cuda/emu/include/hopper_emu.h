@@ -17,19 +17,26 @@
 //        kernel that reads a stage without waiting reads what was there before;
 //      EMU_THREADS: at once, by the issuing thread, so a reader that did not wait on the
 //        barrier has no happens-before edge to that thread's writes: a ThreadSanitizer race.
-//  - wgmma.mma_async: each warp of the warp group computes its 16 rows of D (the ISA's
-//    fragment: warp w owns rows 16 w .. 16 w + 15) from A and B read through the descriptors
-//    (start address, LBO, SBO, swizzle mode; the canonical layouts of ptx.h), collectively:
-//    the lanes deposit their accumulators and descriptors, lane 0 checks the descriptors are
-//    warp-uniform, computes and scatters D through the fragment layout. It is computed when
-//    issued (the ISA lets it complete any time until wait_group); commit/wait_group check only
-//    that a fence came first.
+//  - wgmma.mma_async is asynchronous here too: each lane records it (its accumulators'
+//    address, the descriptors) in its open group; commit_group closes the group; it is computed
+//    at the wgmma.wait_group that covers its group, the latest moment the ISA allows. So
+//    accumulators read before the wait are not the product, and shared memory overwritten
+//    before the wait is what the product reads. The wait is warp-collective: lane 0 checks the
+//    lanes issued the same operations with warp-uniform descriptors, then each warp computes its
+//    16 rows of D (the ISA's fragment: warp w of the warp group owns rows 16 w .. 16 w + 15)
+//    from A and B read through the descriptors (start address, LBO, SBO, swizzle mode; the
+//    canonical layouts of ptx.h) and scatters D through the fragment layout. An mma_async
+//    before any wgmma.fence aborts.
 //  - setmaxnreg: no registers to move on a CPU; the constraints are checked (compile time: a
 //    multiple of 8 in [24, 256]; run time: the same value for the 4 warps of the warp group).
 #pragma once
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#ifdef EMU_THREADS
+#include <chrono>
+#include <mutex>
+#endif
 
 namespace ptx {
 
@@ -75,10 +82,12 @@ inline std::uintptr_t window_offset(std::uintptr_t address, const char* what) {
 // ---- mbarrier ------------------------------------------------------------------------------------
 #ifdef EMU_THREADS
 struct Lock {
-    std::unique_lock<std::mutex> lock{::emu::mbarriers.mutex};
+    std::unique_lock<std::mutex> lock;
+    explicit Lock(std::mutex& m) : lock(m) {}
 };
+#define PTX_EMU_LOCK(m) hopper::Lock lock(m)
 #else
-struct Lock {};
+#define PTX_EMU_LOCK(m) (void)0
 #endif
 
 inline ::emu::MBarrier& barrier_at(smem_t bar, const char* op) {
@@ -107,7 +116,7 @@ inline void maybe_complete(::emu::MBarrier& b) {
         ++b.phase;
         b.pending = b.expected;
 #ifdef EMU_THREADS
-        ::emu::mbarriers.cv.notify_all();
+        b.cv.notify_all();
 #endif
     }
 }
@@ -123,12 +132,11 @@ inline void land(::emu::MBarrier& b) {
     b.copies.clear();
     add_tx(b, -b.copy_bytes);
     b.copy_bytes = 0;
-    ++::emu::mbarriers.changes;
+    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
     maybe_complete(b);
 }
 
-inline bool test_parity(smem_t bar, unsigned parity) {
-    ::emu::MBarrier& b = barrier_at(bar, "try_wait.parity");
+inline bool test_parity(::emu::MBarrier& b, unsigned parity) {
     land(b);
     return (b.phase & 1u) != (parity & 1u);
 }
@@ -176,45 +184,68 @@ inline float operand(const Descriptor& d, bool mn_major, int mn, int k) {
     return widen(bits, static_cast<const T*>(nullptr));
 }
 
-struct WgmmaExchange {
-    float* d[::emu::kWarpSize];
-    unsigned long long a[::emu::kWarpSize], b[::emu::kWarpSize];
-    int scale_d[::emu::kWarpSize];
-};
-inline WgmmaExchange wgmma_exchange[::emu::kMaxWarps];
-
 // The accumulator fragment of m64nNk16 (ptx.h): (row, column) of d[i] of lane l in warp w.
 inline int d_row(int warp_in_group, int lane, int i) { return 16 * warp_in_group + lane / 4 + 8 * ((i / 2) % 2); }
 inline int d_col(int lane, int i) { return 8 * (i / 4) + 2 * (lane % 4) + (i % 2); }
 
+// One wgmma for one warp (its 16 rows of the 64), given the 32 lanes' accumulators.
+template <class T, int N, bool TRANS_A, bool TRANS_B>
+inline void compute_mma(float* const* d, int warp, unsigned long long a_desc, unsigned long long b_desc, int scale_d) {
+    const Descriptor da = decode(a_desc), db = decode(b_desc);
+    if (da.base_offset || db.base_offset) ::emu::fault("wgmma: a non-zero base offset is not emulated");
+    const int w = warp % 4;
+    float A[16][16], B[16][N];
+    for (int r = 0; r < 16; ++r)
+        for (int k = 0; k < 16; ++k) A[r][k] = operand<T>(da, TRANS_A, 16 * w + r, k);
+    for (int k = 0; k < 16; ++k)
+        for (int n = 0; n < N; ++n) B[k][n] = operand<T>(db, TRANS_B, n, k);
+    for (int l = 0; l < ::emu::kWarpSize; ++l)
+        for (int i = 0; i < N / 2; ++i) {
+            const int row = d_row(w, l, i) - 16 * w, col = d_col(l, i);
+            float sum = scale_d ? d[l][i] : 0.f;  // products exact in FP32, sums in FP32, k in order
+            for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+            d[l][i] = sum;
+        }
+}
+
+// wgmma.mma_async: recorded in this lane's open group; computed at the wait_group covering it.
 template <class T, int N, bool TRANS_A, bool TRANS_B>
 inline void wgmma_m64nNk16(float* d, unsigned long long a_desc, unsigned long long b_desc, int scale_d) {
     if (!::emu::self->wgmma_fenced) ::emu::fault("wgmma.mma_async before any wgmma.fence");
+    ::emu::self->mma_open.push_back({&compute_mma<T, N, TRANS_A, TRANS_B>, d, a_desc, b_desc, scale_d});
+}
+
+inline ::emu::ThreadState* lanes[::emu::kMaxWarps][::emu::kWarpSize];
+
+// wgmma.wait_group n, collective over the warp: lane 0 runs every lane's groups but the newest n,
+// oldest first, operation by operation for the whole warp (their descriptors must agree).
+inline void wait_group(size_t newest_pending) {
     const int lane = ::emu::lane_id(), warp = ::emu::warp_id();
-    WgmmaExchange& x = wgmma_exchange[warp];
-    x.d[lane] = d, x.a[lane] = a_desc, x.b[lane] = b_desc, x.scale_d[lane] = scale_d;
+    lanes[warp][lane] = ::emu::self;
     ::emu::warp_barrier();
     if (lane == 0) {
-        for (int l = 1; l < ::emu::kWarpSize; ++l)
-            if (x.a[l] != x.a[0] || x.b[l] != x.b[0] || (x.scale_d[l] != 0) != (x.scale_d[0] != 0))
-                ::emu::fault("wgmma.mma_async: descriptors or scale-d differ between the lanes of a warp");
-        const Descriptor da = decode(a_desc), db = decode(b_desc);
-        if (da.base_offset || db.base_offset) ::emu::fault("wgmma: a non-zero base offset is not emulated");
-        const int w = warp % 4;  // this warp's 16 rows of the 64
-        float A[16][16], B[16][N];
-        for (int r = 0; r < 16; ++r)
-            for (int k = 0; k < 16; ++k) A[r][k] = operand<T>(da, TRANS_A, 16 * w + r, k);
-        for (int k = 0; k < 16; ++k)
-            for (int n = 0; n < N; ++n) B[k][n] = operand<T>(db, TRANS_B, n, k);
-        for (int l = 0; l < ::emu::kWarpSize; ++l)
-            for (int i = 0; i < N / 2; ++i) {
-                const int row = d_row(w, l, i) - 16 * w, col = d_col(l, i);
-                float sum = x.scale_d[0] ? x.d[l][i] : 0.f;  // products exact in FP32, sums in FP32, k in order
-                for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
-                x.d[l][i] = sum;
+        ::emu::ThreadState* const* l = lanes[warp];
+        while (l[0]->mma_groups.size() > newest_pending) {
+            const std::vector<::emu::PendingMma>& group = l[0]->mma_groups.front();
+            for (int other = 1; other < ::emu::kWarpSize; ++other)
+                if (l[other]->mma_groups.size() != l[0]->mma_groups.size() ||
+                    l[other]->mma_groups.front().size() != group.size())
+                    ::emu::fault("wgmma: the lanes of a warp issued or committed different wgmma operations");
+            for (size_t j = 0; j < group.size(); ++j) {
+                float* d[::emu::kWarpSize];
+                for (int other = 0; other < ::emu::kWarpSize; ++other) {
+                    const ::emu::PendingMma& op = l[other]->mma_groups.front()[j];
+                    if (op.compute != group[j].compute || op.a != group[j].a || op.b != group[j].b ||
+                        (op.scale_d != 0) != (group[j].scale_d != 0))
+                        ::emu::fault("wgmma.mma_async: descriptors or scale-d differ between the lanes of a warp");
+                    d[other] = op.d;
+                }
+                group[j].compute(d, warp, group[j].a, group[j].b, group[j].scale_d);
             }
+            for (int other = 0; other < ::emu::kWarpSize; ++other) l[other]->mma_groups.pop_front();
+        }
     }
-    ::emu::warp_barrier();  // every lane's D is written before the exchange is reused
+    ::emu::warp_barrier();  // the accumulators are written before any lane reads them
 }
 
 }  // namespace hopper
@@ -223,41 +254,42 @@ inline void wgmma_m64nNk16(float* d, unsigned long long a_desc, unsigned long lo
 inline void mbarrier_init(smem_t bar, unsigned count) {
     if (count < 1 || count > (1u << 20) - 1) ::emu::fault("mbarrier.init: count must be in [1, 2^20 - 1]");
     if (bar % 8 != 0) ::emu::fault("mbarrier.init: address not 8-byte aligned");
-    hopper::Lock lock;
-    ::emu::MBarrier& b = ::emu::mbarriers.table[bar];
-    b = ::emu::MBarrier{};
+    ::emu::MBarrier& b = ::emu::mbarriers.table[bar];  // inserted, or found when re-initialized
+    PTX_EMU_LOCK(b.mutex);
     b.expected = b.pending = count;
-    ++::emu::mbarriers.changes;
+    b.phase = 0, b.tx = 0, b.copy_bytes = 0;
+    b.copies.clear();
+    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
 }
 inline void fence_mbarrier_init() {}
 inline void mbarrier_arrive(smem_t bar) {
-    hopper::Lock lock;
     ::emu::MBarrier& b = hopper::barrier_at(bar, "arrive");
+    PTX_EMU_LOCK(b.mutex);
     hopper::arrive_once(b);
-    ++::emu::mbarriers.changes;
+    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
     hopper::maybe_complete(b);
 }
 inline void mbarrier_arrive_expect_tx(smem_t bar, unsigned bytes) {
-    hopper::Lock lock;
     ::emu::MBarrier& b = hopper::barrier_at(bar, "arrive.expect_tx");
+    PTX_EMU_LOCK(b.mutex);
     hopper::add_tx(b, bytes);
     hopper::arrive_once(b);
-    ++::emu::mbarriers.changes;
+    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
     hopper::maybe_complete(b);
 }
 inline bool mbarrier_try_wait_parity(smem_t bar, unsigned parity) {
-    {
-        hopper::Lock lock;
-        if (hopper::test_parity(bar, parity)) return true;
+    ::emu::MBarrier& b = hopper::barrier_at(bar, "try_wait.parity");
 #ifdef EMU_THREADS
-        // "may suspend for a time limit": wait for a change, then test once more
-        ::emu::mbarriers.cv.wait_for(lock.lock, std::chrono::microseconds(200));
-        return hopper::test_parity(bar, parity);
+    PTX_EMU_LOCK(b.mutex);
+    if (hopper::test_parity(b, parity)) return true;
+    // "may suspend for a time limit": wait for a change, then test once more
+    b.cv.wait_for(lock.lock, std::chrono::microseconds(200));
+    return hopper::test_parity(b, parity);
+#else
+    if (hopper::test_parity(b, parity)) return true;
+    ::emu::yield();  // the other fibers run first
+    return hopper::test_parity(b, parity);
 #endif
-    }
-    ::emu::yield();  // fibers: the others run first
-    hopper::Lock lock;
-    return hopper::test_parity(bar, parity);
 }
 inline void mbarrier_wait_parity(smem_t bar, unsigned parity) {
     while (!mbarrier_try_wait_parity(bar, parity)) {
@@ -290,12 +322,12 @@ inline void tma_load_2d(smem_t dst, const TensorMap* map, int x, int y, smem_t b
         }
     for (unsigned i = 0; i < chunks.size(); ++i)
         chunks[i].destination = hopper::window() + hopper::swizzle(offset + 16 * i, span);
-    hopper::Lock lock;
     ::emu::MBarrier& b = hopper::barrier_at(bar, "cp.async.bulk.tensor complete_tx");
+    PTX_EMU_LOCK(b.mutex);
 #ifdef EMU_THREADS
     ::emu::land(chunks);  // lands now, written by this thread (see the header)
     hopper::add_tx(b, -(long long)bytes);
-    ++::emu::mbarriers.changes;
+    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
     hopper::maybe_complete(b);
 #else
     b.copies.insert(b.copies.end(), chunks.begin(), chunks.end());
@@ -308,8 +340,8 @@ inline void setmaxnreg_check(bool increase) {
     static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
     if (::emu::lane_id() != 0) return;
     const int warp = ::emu::warp_id(), group = warp / 4, w = warp % 4;
-    hopper::Lock lock;  // the warps of the group record concurrently in the threaded variant
     ::emu::RegisterRequests& r = ::emu::register_requests[group];
+    PTX_EMU_LOCK(r.mutex);  // the warps of the group record concurrently in the threaded variant
     const int index = r.count[w]++;
     if (index >= 16) return;
     r.value[w][index] = increase ? N : -N;
@@ -321,8 +353,15 @@ template <int N> inline void setmaxnreg_inc() { setmaxnreg_check<N>(true); }
 template <int N> inline void setmaxnreg_dec() { setmaxnreg_check<N>(false); }
 
 inline void wgmma_fence() { ::emu::self->wgmma_fenced = true; }
-inline void wgmma_commit_group() {}
-template <int N> inline void wgmma_wait_group() { static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0..7"); }
+inline void wgmma_commit_group() {
+    ::emu::ThreadState& s = *::emu::self;
+    s.mma_groups.push_back(std::move(s.mma_open));
+    s.mma_open.clear();
+}
+template <int N> inline void wgmma_wait_group() {
+    static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0..7");
+    hopper::wait_group(size_t(N));
+}
 
 inline void wgmma_m64n256k16_bf16(float (&d)[128], unsigned long long a_desc, unsigned long long b_desc, int scale_d) {
     hopper::wgmma_m64nNk16<__nv_bfloat16, 256, false, true>(d, a_desc, b_desc, scale_d);
