@@ -207,6 +207,7 @@ extern "C" __global__ void fragment(float* out)
             for (int n = 0; n < 256; ++n)
                 s[(16384 + (n / 64) * 8192 + swizzled(k * 128 + 2 * (n % 64))) / 2] =
                     __bfloat16_as_ushort(__float2bfloat16(k == 0 ? 256.f : float(n)));
+        ptx::fence_proxy_async();  // plain stores, then wgmma's async-proxy reads (a no-op on the CPU)
     }
     __syncthreads();
     float d[128];
