@@ -27,28 +27,74 @@ static double now_seconds(void) {
 enum { CHAINS = 12 };
 static volatile double sink;
 
-/* One trial: n rounds of CHAINS independent FMAs; returns FLOP/s. */
-#define FMA_TRIAL(NAME, ATTR, VEC, SET1, FMADD, ADD, LANES, SCALAR)                      \
-    static ATTR double NAME(int64_t n) {                                                \
-        VEC acc[CHAINS];                                                                \
-        const VEC a = SET1((SCALAR)0.999999), b = SET1((SCALAR)1e-7);                    \
-        for (int j = 0; j < CHAINS; ++j) acc[j] = SET1((SCALAR)(j + 1));                 \
-        double t0 = now_seconds();                                                      \
-        for (int64_t i = 0; i < n; ++i)  /* the chains stay in registers: no barrier */  \
-            for (int j = 0; j < CHAINS; ++j) acc[j] = FMADD(acc[j], a, b);              \
-        double t1 = now_seconds();                                                      \
-        VEC total = acc[0];                                                             \
-        for (int j = 1; j < CHAINS; ++j) total = ADD(total, acc[j]);                    \
-        SCALAR lanes[LANES];                                                            \
-        __builtin_memcpy(lanes, &total, sizeof lanes);                                  \
-        sink = (double)lanes[0];                                                        \
-        return 2.0 * LANES * CHAINS * (double)n / (t1 - t0);                            \
-    }
+/* One trial: n rounds of CHAINS independent FMAs; returns FLOP/s. The four trials are the same
+ * loop spelled out for each vector type: AVX-512 float32 (16 lanes), ... */
+static AVX512 double trial_avx512_f32(int64_t n) {
+    __m512 acc[CHAINS];
+    const __m512 a = _mm512_set1_ps((float)0.999999), b = _mm512_set1_ps((float)1e-7);
+    for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_set1_ps((float)(j + 1));
+    double t0 = now_seconds();
+    for (int64_t i = 0; i < n; ++i)  /* the chains stay in registers: no barrier */
+        for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
+    double t1 = now_seconds();
+    __m512 total = acc[0];
+    for (int j = 1; j < CHAINS; ++j) total = _mm512_add_ps(total, acc[j]);
+    float lanes[16];
+    __builtin_memcpy(lanes, &total, sizeof lanes);
+    sink = (double)lanes[0];
+    return 2.0 * 16 * CHAINS * (double)n / (t1 - t0);
+}
 
-FMA_TRIAL(trial_avx512_f32, AVX512, __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, 16, float)
-FMA_TRIAL(trial_avx512_f64, AVX512, __m512d, _mm512_set1_pd, _mm512_fmadd_pd, _mm512_add_pd, 8, double)
-FMA_TRIAL(trial_avx2_f32, AVX2, __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, 8, float)
-FMA_TRIAL(trial_avx2_f64, AVX2, __m256d, _mm256_set1_pd, _mm256_fmadd_pd, _mm256_add_pd, 4, double)
+/* ... AVX-512 float64 (8 lanes), ... */
+static AVX512 double trial_avx512_f64(int64_t n) {
+    __m512d acc[CHAINS];
+    const __m512d a = _mm512_set1_pd(0.999999), b = _mm512_set1_pd(1e-7);
+    for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_set1_pd((double)(j + 1));
+    double t0 = now_seconds();
+    for (int64_t i = 0; i < n; ++i)  /* the chains stay in registers: no barrier */
+        for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_fmadd_pd(acc[j], a, b);
+    double t1 = now_seconds();
+    __m512d total = acc[0];
+    for (int j = 1; j < CHAINS; ++j) total = _mm512_add_pd(total, acc[j]);
+    double lanes[8];
+    __builtin_memcpy(lanes, &total, sizeof lanes);
+    sink = (double)lanes[0];
+    return 2.0 * 8 * CHAINS * (double)n / (t1 - t0);
+}
+
+/* ... AVX2 float32 (8 lanes), ... */
+static AVX2 double trial_avx2_f32(int64_t n) {
+    __m256 acc[CHAINS];
+    const __m256 a = _mm256_set1_ps((float)0.999999), b = _mm256_set1_ps((float)1e-7);
+    for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_set1_ps((float)(j + 1));
+    double t0 = now_seconds();
+    for (int64_t i = 0; i < n; ++i)  /* the chains stay in registers: no barrier */
+        for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
+    double t1 = now_seconds();
+    __m256 total = acc[0];
+    for (int j = 1; j < CHAINS; ++j) total = _mm256_add_ps(total, acc[j]);
+    float lanes[8];
+    __builtin_memcpy(lanes, &total, sizeof lanes);
+    sink = (double)lanes[0];
+    return 2.0 * 8 * CHAINS * (double)n / (t1 - t0);
+}
+
+/* ... and AVX2 float64 (4 lanes). */
+static AVX2 double trial_avx2_f64(int64_t n) {
+    __m256d acc[CHAINS];
+    const __m256d a = _mm256_set1_pd(0.999999), b = _mm256_set1_pd(1e-7);
+    for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_set1_pd((double)(j + 1));
+    double t0 = now_seconds();
+    for (int64_t i = 0; i < n; ++i)  /* the chains stay in registers: no barrier */
+        for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_fmadd_pd(acc[j], a, b);
+    double t1 = now_seconds();
+    __m256d total = acc[0];
+    for (int j = 1; j < CHAINS; ++j) total = _mm256_add_pd(total, acc[j]);
+    double lanes[4];
+    __builtin_memcpy(lanes, &total, sizeof lanes);
+    sink = (double)lanes[0];
+    return 2.0 * 4 * CHAINS * (double)n / (t1 - t0);
+}
 
 double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
     double (*trial)(int64_t) = 0;

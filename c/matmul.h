@@ -1,8 +1,9 @@
 /* The C matmuls, one signature for every version.
  *
  * Row-major C = A @ B with A [M, K], B [K, N], C [M, N]; every pointer is to a contiguous
- * row-major array. C is overwritten, never accumulated into. No function keeps state between
- * calls (no static buffers), so all of them may run on several threads at once.
+ * row-major array. C is overwritten, never accumulated into. All of them may run on several
+ * threads at once: the only state kept between calls is the packed matmul's thread pool and
+ * per-thread pack buffers, which are built for that (packed.c, thread_pool.c).
  *
  * The harness reads this header to declare the functions to cffi: keep it to plain
  * declarations (no macros other than the include guard).

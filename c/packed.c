@@ -1,13 +1,16 @@
-/* Packed SIMD matmul (Goto / BLIS): the step after blocked.c.
+/* Packed SIMD matmul (Goto / BLIS): the step after blocked.c. Written once over `real` and
+ * compiled for float32 and float64 (real.h); the choices that do not depend on the type
+ * (micro-kernel, cache sizes, block sizes) are in packed_setup.c, the threads in
+ * thread_pool.c, the micro-kernels in packed_avx512.c, packed_avx2.c and packed_portable.c.
  *
  * What changes from blocked.c: the blocked kernel reuses tiles from cache but still lets the
  * compiler's vectorized j loop load and store a row of C for every multiply-add, and it reads
  * A and B in place, with strides. Here (Goto & van de Geijn, "Anatomy of High-Performance
  * Matrix Multiplication", 2008; the BLIS loop nest):
  *
- *   - a micro-kernel (packed_avx512.c, packed_avx2.c, packed_portable.c) keeps an MR x NR
- *     tile of C in vector registers for a whole KC-long stretch of the K sum, so the inner
- *     loop is nothing but loads of B, broadcasts of A and FMAs;
+ *   - a micro-kernel keeps an MR x NR tile of C in vector registers for a whole KC-long
+ *     stretch of the K sum, so the inner loop is nothing but loads of B, broadcasts of A and
+ *     FMAs;
  *   - A and B are copied ("packed") into contiguous, aligned, zero-padded panels laid out in
  *     exactly the order the micro-kernel reads them, so every load is unit stride, every
  *     cache line fetched is used whole, and edge tiles need no special case inside the loop;
@@ -20,278 +23,264 @@
  *       loop 1      for ir in MC step MR A micro-panel MR x KC streams in from L2
  *                    micro-kernel: C[ic+ir.., jc+jr..] (+)= A micro-panel x B sliver
  *
- * Block sizes are derived at run time from the cache sizes the OS reports (sysconf on Linux,
- * sysctl on macOS; fixed fallbacks elsewhere), not fixed at build time, so one binary fits
- * the machine it runs on; see derive_blocking for the reasoning.
+ * Which path each shape takes (matmul_packed_*, at the bottom), and why:
  *
- * Micro-kernel variant: chosen at run time from cpuid (__builtin_cpu_supports, which also
- * checks that the OS saves the wide registers): AVX-512 if present, else AVX2+FMA, else the
- * portable C kernel. One build therefore runs on any x86-64 and never executes an instruction
- * the CPU lacks; a caller may force a variant, and gets an error code if the CPU lacks it.
+ *   M = 1 (GEMV, y = a B)   row_times_matrix: each element of B is used once, so packing it
+ *                           would read it, write a copy and read the copy for one FMA. B is
+ *                           streamed once, four rows at a time into a chunk of y that stays
+ *                           in L1, SIMD along N; threads split N.
+ *   N = 1 (y = A b)         matrix_times_column: a dot product per row of A, SIMD along K,
+ *                           four rows at a time (b is loaded once for four rows); threads
+ *                           split M.
+ *   everything else         the loop nest above. When M fits in one A block (M <= MC) no B
+ *                           panel is reused by a second A block, so the panel is sized for L2
+ *                           instead of L3 (NC from L2): packed, it is read back from L2, not
+ *                           from L3. Small M: the micro-kernels compute only the rows that
+ *                           exist, so an M = 8 problem pays for 8 rows, not MR = 14.
+ *                           Small K: the same nest with KC = K: a single K piece, so C is
+ *                           written once and never read.
  *
- * Threads: POSIX threads, created per call (no pool, no static state: the functions are
- * re-entrant and may run on several caller threads at once). pthreads rather than OpenMP
- * because Apple's clang ships without OpenMP and because two or three explicit threads over
- * disjoint blocks of C need nothing more. C is cut into a grid of disjoint blocks (along M
- * and N, in whole MR x NR tiles), one per thread, each thread running the full loop nest
- * above on its block with its own pack buffers. The K sum is never split, and each C element
- * is computed by the same FMA chain whichever thread computes it, so the result is bitwise
- * identical for every thread count.
+ * Threads: a persistent pool (thread_pool.c), created once and parked between calls, so a
+ * call pays a wake-up rather than thread creation. The loop nest cuts C into a grid of
+ * disjoint blocks (along M and N, in whole MR x NR tiles, toward the dimension with the most
+ * tiles), one per thread, each running the nest on its block with its own pack buffers. The K
+ * sum is never split, and each C element is computed by the same FMA chain whichever thread
+ * computes it, so the result is bitwise identical for every thread count; the GEMV paths cut
+ * at multiples of their SIMD groups for the same reason.
+ *
+ * Pack buffers: one per thread, kept between calls and grown when a call needs more (a fresh
+ * allocation of megabytes costs a page fault per 4 KiB on every call), freed when the thread
+ * exits.
  *
  * Caveats: each thread packs the part of A (or B) its block needs, so when the grid cuts
  * both dimensions the panels of the other operand are packed more than once (a small cost
  * next to 2*M*N*K for large problems; a shared-panel scheme with barriers, as BLIS uses on
  * many-core machines, would avoid it). Results may differ in the last bits from other
- * variants and other machines (different tile shapes, different KC), never across threads.
+ * variants, other paths and other machines (different tile shapes, different KC), never
+ * across thread counts.
  *
  * Shapes: A [M, K], B [K, N], C [M, N], row-major, contiguous. C is overwritten.
- * Returns 0, or PACKED_ERR_* below.
+ * Returns 0, or a PACKED_ERR_* code (packed.h).
  */
 #if !defined(__APPLE__) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE /* posix_memalign and the cache-size sysconf names under a strict -std=c11 */
+#define _GNU_SOURCE /* posix_memalign under a strict -std=c11 */
 #endif
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#if defined(__APPLE__)
-#include <sys/sysctl.h>
-#include <sys/types.h>
-#endif
 
 #include "matmul.h"
 #include "packed.h"
-
-enum {
-    PACKED_OK = 0,
-    PACKED_ERR_VARIANT = 1,  /* unknown variant, or one this CPU (or this build) cannot run */
-    PACKED_ERR_MEMORY = 2,   /* the pack buffers could not be allocated */
-    PACKED_ERR_ARGUMENT = 3, /* a negative dimension */
-};
+#include "real.h"
+#include "thread_pool.h"
 
 static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-/* ---- which micro-kernels this CPU can run ----------------------------------------------- */
+/* Below this many multiply-adds per thread, waking a thread costs more than it saves. The
+ * thread count never changes the result, so this is purely a speed choice. */
+static const double MIN_FMAS_PER_THREAD = 1 << 19;
 
-int matmul_packed_variant_supported(int64_t variant) {
-    switch (variant) {
-    case PACKED_AUTO:
-    case PACKED_PORTABLE:
-        return 1;
-#if PACKED_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
-    /* libgcc's and compiler-rt's checks include XGETBV: a feature the OS does not save the
-     * registers of counts as absent. */
-    case PACKED_AVX2:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case PACKED_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f");
-#endif
-    default:
-        return 0;
+static int64_t threads_for(int64_t threads, double fmas, int64_t max_parts) {
+    if (threads <= 0) {
+        const long online = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = online > 0 ? online : 1;
     }
+    const double by_work = fmas / MIN_FMAS_PER_THREAD;
+    if (by_work < (double)threads) threads = by_work < 1 ? 1 : (int64_t)by_work;
+    return max_i64(1, min_i64(min_i64(threads, max_parts), 1024));
 }
 
-int64_t matmul_packed_resolve_variant(int64_t variant) {
-    if (variant == PACKED_AUTO) {
-        if (matmul_packed_variant_supported(PACKED_AVX512)) return PACKED_AVX512;
-        if (matmul_packed_variant_supported(PACKED_AVX2)) return PACKED_AVX2;
-        return PACKED_PORTABLE;
-    }
-    return matmul_packed_variant_supported(variant) ? variant : -1;
-}
+/* ---- M = 1: y = a B, streaming B ----------------------------------------------------------- */
 
-static const struct packed_kernel *kernel_for(int64_t variant, size_t elem_size) {
-    const int f32 = elem_size == sizeof(float);
-    switch (matmul_packed_resolve_variant(variant)) {
-    case PACKED_PORTABLE:
-        return f32 ? &packed_portable_f32 : &packed_portable_f64;
-#if PACKED_HAVE_X86
-    case PACKED_AVX2:
-        return f32 ? &packed_avx2_f32 : &packed_avx2_f64;
-    case PACKED_AVX512:
-        return f32 ? &packed_avx512_f32 : &packed_avx512_f64;
-#endif
-    default:
-        return NULL;
-    }
-}
+/* y holds a chunk of this many bytes, updated by every row of B: it stays in L1. */
+enum { GEMV_CHUNK = 8192 / sizeof(real), GEMV_ROWS = 4 };
 
-/* ---- cache sizes and block sizes --------------------------------------------------------- */
-
-struct cache_sizes {
-    int64_t l1, l2, l3; /* bytes: L1 data and L2 of one core, L3 as reported */
-};
-
-static int64_t clamp_or(int64_t value, int64_t lo, int64_t hi, int64_t fallback) {
-    if (value <= 0) return fallback;
-    return value < lo ? lo : (value > hi ? hi : value);
-}
-
-/* Read on every call (a few sysconf/sysctl calls, microseconds) instead of caching in a
- * static, which would need a lock or pthread_once to stay re-entrant. Fallbacks are a common
- * desktop/server core (32 KiB L1d, 512 KiB L2, 8 MiB L3); the clamps reject nonsense such as
- * a VM reporting 0. */
-static struct cache_sizes read_cache_sizes(void) {
-    int64_t l1 = 0, l2 = 0, l3 = 0;
-#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE) && defined(_SC_LEVEL3_CACHE_SIZE)
-    l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-#elif defined(__APPLE__)
-    /* Apple Silicon: the performance cores' figures (perflevel0); Intel Macs: the plain keys. */
-    const char *names[3][2] = {{"hw.perflevel0.l1dcachesize", "hw.l1dcachesize"},
-                               {"hw.perflevel0.l2cachesize", "hw.l2cachesize"},
-                               {"hw.perflevel0.l3cachesize", "hw.l3cachesize"}};
-    int64_t *out[3] = {&l1, &l2, &l3};
-    for (int level = 0; level < 3; ++level)
-        for (int alt = 0; alt < 2 && *out[level] <= 0; ++alt) {
-            int64_t value = 0;
-            size_t size = sizeof value;
-            if (sysctlbyname(names[level][alt], &value, &size, NULL, 0) == 0) *out[level] = value;
+/* y[j0:j1] = a @ B[:, j0:j1]. Four rows of B per pass over the chunk, so y is loaded and
+ * stored once per four FMAs; each y[j] is the FMA chain over p in order whatever the chunk
+ * or the thread, so the result does not depend on how N is cut. */
+static void row_times_matrix(const real *restrict a, const real *restrict B, real *restrict y, int64_t N,
+                             int64_t K, int64_t j0, int64_t j1) {
+    for (int64_t c0 = j0; c0 < j1; c0 += GEMV_CHUNK) {
+        const int64_t c1 = min_i64(c0 + GEMV_CHUNK, j1);
+        for (int64_t j = c0; j < c1; ++j) y[j] = 0;
+        int64_t p = 0;
+        for (; p + GEMV_ROWS <= K; p += GEMV_ROWS) {
+            const real a0 = a[p], a1 = a[p + 1], a2 = a[p + 2], a3 = a[p + 3];
+            const real *restrict b0 = B + p * N, *restrict b1 = b0 + N, *restrict b2 = b1 + N, *restrict b3 = b2 + N;
+#pragma omp simd
+            for (int64_t j = c0; j < c1; ++j) y[j] = (((y[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j];
         }
-#endif
-    struct cache_sizes c;
-    c.l1 = clamp_or(l1, 16 << 10, 256 << 10, 32 << 10);
-    c.l2 = clamp_or(l2, 128 << 10, 16 << 20, 512 << 10);
-    c.l3 = clamp_or(l3, 0, INT64_C(1) << 32, 8 << 20);
-    if (c.l3 < c.l2) c.l3 = 4 * c.l2; /* no L3 (Apple Silicon): treat memory as the next level */
-    return c;
+        for (; p < K; ++p) {
+            const real ap = a[p];
+            const real *restrict bp = B + p * N;
+#pragma omp simd
+            for (int64_t j = c0; j < c1; ++j) y[j] = y[j] + ap * bp[j];
+        }
+    }
 }
 
-struct blocking {
-    int64_t mr, nr, kc, mc, nc;
+/* ---- N = 1: y = A b, a dot product per row ------------------------------------------------ */
+
+enum { DOT_ROWS = 4 };
+
+/* y[i0:i1] = A[i0:i1, :] @ b. Each sum is split across SIMD lanes (the order is fixed by the
+ * code, so it is reproducible); rows go four at a time, and every group of four starts at a
+ * multiple of four, so a row is summed by the same code whichever thread takes it. */
+static void matrix_times_column(const real *restrict A, const real *restrict b, real *restrict y, int64_t K,
+                                int64_t i0, int64_t i1) {
+    int64_t i = i0;
+    for (; i + DOT_ROWS <= i1; i += DOT_ROWS) {
+        const real *restrict r0 = A + i * K, *restrict r1 = r0 + K, *restrict r2 = r1 + K, *restrict r3 = r2 + K;
+        real s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+        for (int64_t p = 0; p < K; ++p) {
+            const real bp = b[p];
+            s0 += r0[p] * bp;
+            s1 += r1[p] * bp;
+            s2 += r2[p] * bp;
+            s3 += r3[p] * bp;
+        }
+        y[i] = s0, y[i + 1] = s1, y[i + 2] = s2, y[i + 3] = s3;
+    }
+    for (; i < i1; ++i) {
+        const real *restrict row = A + i * K;
+        real s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t p = 0; p < K; ++p) s += row[p] * b[p];
+        y[i] = s;
+    }
+}
+
+struct vector_job {
+    const real *A, *B;
+    real *C;
+    int64_t M, N, K, parts, group; /* parts cut the output at multiples of `group` elements */
 };
 
-/* Goto & van de Geijn's rules, with A broadcast and B loaded as vectors:
- *
- * KC: the B sliver (KC x NR), reused by every micro-kernel call of loop 1, must stay in L1
- *     while the A micro-panels (MR x KC each) stream through it. Give the sliver three
- *     quarters of L1, leaving a quarter for the A micro-panel being read and the C tile. (Half
- *     of L1 was measured a few per cent slower: a longer KC amortises the micro-kernel's
- *     load/store of the C tile over more FMAs.)
- * MC: the packed A block (MC x KC) is re-read from L2 once per B sliver (every jr); half of
- *     L2 leaves room for the B panel lines passing through on their way to L1.
- * NC: the packed B panel (KC x NC) is re-read from L3 once per A block (every ic); half of
- *     L3. NC only sets how often A is re-packed (once per NC columns), so it is capped at
- *     4096: past that the re-packing costs nothing measurable and the buffer only grows.
- *
- * KC must not depend on the thread count: it fixes where the K sum is split, which is the
- * only blocking choice that changes the result's rounding.
- */
-static struct blocking derive_blocking(const struct packed_kernel *k, size_t elem_size) {
-    const struct cache_sizes cache = read_cache_sizes();
-    const int64_t es = (int64_t)elem_size;
-    struct blocking b;
-    b.mr = k->mr;
-    b.nr = k->nr;
-    b.kc = cache.l1 * 3 / 4 / (b.nr * es);
-    b.kc = max_i64(64, min_i64(1024, b.kc / 8 * 8));
-    b.mc = cache.l2 / 2 / (b.kc * es);
-    b.mc = max_i64(b.mr, b.mc / b.mr * b.mr);
-    b.nc = cache.l3 / 2 / (b.kc * es);
-    b.nc = max_i64(b.nr, min_i64(4096, b.nc) / b.nr * b.nr);
-    return b;
+static void vector_task(void *context, int64_t part) {
+    const struct vector_job *job = context;
+    const int64_t length = job->M == 1 ? job->N : job->M;
+    const int64_t groups = (length + job->group - 1) / job->group;
+    const int64_t first = min_i64(length, groups * part / job->parts * job->group);
+    const int64_t last = min_i64(length, groups * (part + 1) / job->parts * job->group);
+    if (job->M == 1)
+        row_times_matrix(job->A, job->B, job->C, job->N, job->K, first, last);
+    else
+        matrix_times_column(job->A, job->B, job->C, job->K, first, last);
 }
 
-int matmul_packed_blocking(int64_t variant, int64_t elem_size, int64_t *sizes) {
-    if (elem_size != sizeof(float) && elem_size != sizeof(double)) return PACKED_ERR_ARGUMENT;
-    const struct packed_kernel *k = kernel_for(variant, (size_t)elem_size);
-    if (!k) return PACKED_ERR_VARIANT;
-    const struct blocking b = derive_blocking(k, (size_t)elem_size);
-    const struct cache_sizes cache = read_cache_sizes();
-    const int64_t values[8] = {b.mr, b.nr, b.kc, b.mc, b.nc, cache.l1, cache.l2, cache.l3};
-    memcpy(sizes, values, sizeof values);
-    return PACKED_OK;
-}
-
-/* ---- packing ----------------------------------------------------------------------------- */
+/* ---- packing ------------------------------------------------------------------------------- */
 
 /* A[i0 : i0+mc, p0 : p0+kc] into ceil(mc / MR) micro-panels of MR x kc, each p-major (the
  * MR values of one column together, the order the kernel broadcasts them), rows past the
  * matrix's edge zero. */
-#define DEFINE_PACK_A(T, SUFFIX)                                                              \
-    static void pack_a_##SUFFIX(const T *A, int64_t K, int64_t i0, int64_t mc, int64_t p0,   \
-                                int64_t kc, int64_t mr, T *restrict out) {                    \
-        for (int64_t ir = 0; ir < mc; ir += mr) {                                             \
-            const int64_t rows = min_i64(mr, mc - ir);                                        \
-            const T *src = A + (i0 + ir) * K + p0;                                            \
-            for (int64_t p = 0; p < kc; ++p) {                                                \
-                int64_t i = 0;                                                                \
-                for (; i < rows; ++i) out[i] = src[i * K + p];                                \
-                for (; i < mr; ++i) out[i] = 0;                                               \
-                out += mr;                                                                    \
-            }                                                                                 \
-        }                                                                                     \
-    }
-DEFINE_PACK_A(float, f32)
-DEFINE_PACK_A(double, f64)
-
-/* B[p0 : p0+kc, j0 : j0+nc] into ceil(nc / NR) slivers of kc x NR, each p-major (one row of
- * NR values after another, the order the kernel loads them), columns past the edge zero.
- * Type-agnostic: rows are copied as bytes. */
-static void pack_b(const char *B, int64_t N, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
-                   int64_t nr, size_t es, char *restrict out) {
-    /* Row by row of B, so B is read with unit stride (a sliver-by-sliver walk would read 64
-     * bytes per row, each on a new page); each row segment is scattered over the slivers. */
-    const size_t row_bytes = (size_t)nr * es, sliver_bytes = (size_t)kc * row_bytes;
-    for (int64_t p = 0; p < kc; ++p) {
-        const char *src = B + ((size_t)(p0 + p) * (size_t)N + (size_t)j0) * es;
-        char *dst = out + (size_t)p * row_bytes;
-        for (int64_t jr = 0; jr < nc; jr += nr) {
-            const size_t used = (size_t)min_i64(nr, nc - jr) * es;
-            memcpy(dst, src, used);
-            if (used < row_bytes) memset(dst + used, 0, row_bytes - used);
-            src += used;
-            dst += sliver_bytes;
+static void pack_a(const real *A, int64_t K, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int64_t mr,
+                   real *restrict out) {
+    for (int64_t ir = 0; ir < mc; ir += mr) {
+        const int64_t rows = min_i64(mr, mc - ir);
+        const real *src = A + (i0 + ir) * K + p0;
+        for (int64_t p = 0; p < kc; ++p) {
+            int64_t i = 0;
+            for (; i < rows; ++i) out[i] = src[i * K + p];
+            for (; i < mr; ++i) out[i] = 0;
+            out += mr;
         }
     }
 }
 
-/* ---- the loop nest, on one thread's block of C ------------------------------------------- */
+/* B[p0 : p0+kc, j0 : j0+nc] into ceil(nc / NR) slivers of kc x NR, each p-major (one row of
+ * NR values after another, the order the kernel loads them), columns past the edge zero.
+ * Row by row of B, so B is read with unit stride (a sliver-by-sliver walk would read one
+ * short piece per row, each on a new page); each row segment is scattered over the slivers. */
+static void pack_b(const real *B, int64_t N, int64_t j0, int64_t nc, int64_t p0, int64_t kc, int64_t nr,
+                   real *restrict out) {
+    for (int64_t p = 0; p < kc; ++p) {
+        const real *src = B + (p0 + p) * N + j0;
+        real *dst = out + p * nr;
+        for (int64_t jr = 0; jr < nc; jr += nr) {
+            const int64_t used = min_i64(nr, nc - jr);
+            memcpy(dst, src, (size_t)used * sizeof(real));
+            for (int64_t j = used; j < nr; ++j) dst[j] = 0;
+            src += used;
+            dst += kc * nr;
+        }
+    }
+}
 
-struct job {
-    const void *A, *B;
-    void *C;
+/* ---- the loop nest, on one block of C ------------------------------------------------------ */
+
+struct nest_job {
+    const real *A, *B;
+    real *C;
     int64_t M, N, K;
-    size_t es;
     const struct packed_kernel *kernel;
     struct blocking blk;
-    int64_t m0, m1, n0, n1; /* this thread's block of C: rows [m0, m1), columns [n0, n1) */
-    void *a_pack, *b_pack;  /* this thread's buffers, PACK_ALIGNMENT-aligned */
+    int64_t tm, tn;                /* the grid of blocks, one per part */
+    int64_t units_m, units_n;      /* micro-tiles along M and N */
+    size_t a_bytes, b_bytes;       /* pack buffer sizes of one part */
+    int failed;                    /* set by a part whose buffers could not be allocated */
 };
 
-static void run_block(const struct job *job) {
-    const struct blocking b = job->blk;
-    const size_t es = job->es;
-    const char *B = job->B;
-    char *C = job->C;
-    char *a_pack = job->a_pack, *b_pack = job->b_pack;
+/* The pack buffers of the calling thread: kept between calls, grown when too small, freed
+ * when the thread exits. */
+static pthread_key_t buffer_key;
+static pthread_once_t buffer_key_once = PTHREAD_ONCE_INIT;
+struct pack_buffer {
+    void *data;
+    size_t bytes;
+};
 
-    for (int64_t jc = job->n0; jc < job->n1; jc += b.nc) {
-        const int64_t nc = min_i64(b.nc, job->n1 - jc);
+static void free_pack_buffer(void *buffer) {
+    free(((struct pack_buffer *)buffer)->data);
+    free(buffer);
+}
+
+static void make_buffer_key(void) { pthread_key_create(&buffer_key, free_pack_buffer); }
+
+static void *thread_pack_buffer(size_t bytes) {
+    pthread_once(&buffer_key_once, make_buffer_key);
+    struct pack_buffer *buffer = pthread_getspecific(buffer_key);
+    if (!buffer) {
+        buffer = calloc(1, sizeof *buffer);
+        if (!buffer || pthread_setspecific(buffer_key, buffer) != 0) {
+            free(buffer);
+            return NULL;
+        }
+    }
+    if (buffer->bytes < bytes) {
+        free(buffer->data);
+        buffer->data = NULL;
+        buffer->bytes = 0;
+        if (posix_memalign(&buffer->data, PACK_ALIGNMENT, bytes) != 0) return NULL;
+        buffer->bytes = bytes;
+    }
+    return buffer->data;
+}
+
+static void run_block(const struct nest_job *job, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                      real *a_pack, real *b_pack) {
+    const struct blocking b = job->blk;
+    for (int64_t jc = n0; jc < n1; jc += b.nc) {
+        const int64_t nc = min_i64(b.nc, n1 - jc);
         for (int64_t pc = 0; pc < job->K; pc += b.kc) {
             const int64_t kc = min_i64(b.kc, job->K - pc);
             /* The first KC piece writes C, the rest add to it: C is never read uninitialised
              * and never needs zeroing. */
             const int accumulate = pc > 0;
-            pack_b(B, job->N, jc, nc, pc, kc, b.nr, es, b_pack);
-            for (int64_t ic = job->m0; ic < job->m1; ic += b.mc) {
-                const int64_t mc = min_i64(b.mc, job->m1 - ic);
-                if (es == sizeof(float))
-                    pack_a_f32(job->A, job->K, ic, mc, pc, kc, b.mr, (float *)a_pack);
-                else
-                    pack_a_f64(job->A, job->K, ic, mc, pc, kc, b.mr, (double *)a_pack);
+            pack_b(job->B, job->N, jc, nc, pc, kc, b.nr, b_pack);
+            for (int64_t ic = m0; ic < m1; ic += b.mc) {
+                const int64_t mc = min_i64(b.mc, m1 - ic);
+                pack_a(job->A, job->K, ic, mc, pc, kc, b.mr, a_pack);
                 for (int64_t jr = 0; jr < nc; jr += b.nr) {
-                    const char *sliver = b_pack + (size_t)(jr * kc) * es;
+                    const real *sliver = b_pack + jr * kc;
                     const int64_t n = min_i64(b.nr, nc - jr);
                     for (int64_t ir = 0; ir < mc; ir += b.mr) {
-                        char *c_tile = C + ((size_t)(ic + ir) * (size_t)job->N + (size_t)(jc + jr)) * es;
-                        job->kernel->run(kc, a_pack + (size_t)(ir * kc) * es, sliver, c_tile, job->N,
-                                         min_i64(b.mr, mc - ir), n, accumulate);
+                        real *c_tile = job->C + (ic + ir) * job->N + jc + jr;
+                        job->kernel->run(kc, a_pack + ir * kc, sliver, c_tile, job->N, min_i64(b.mr, mc - ir), n,
+                                         accumulate);
                     }
                 }
             }
@@ -299,16 +288,22 @@ static void run_block(const struct job *job) {
     }
 }
 
-static void *thread_main(void *arg) {
-    run_block(arg);
-    return NULL;
+static void nest_task(void *context, int64_t part) {
+    struct nest_job *job = context;
+    const int64_t bm = part / job->tn, bn = part % job->tn;
+    /* Cut at whole micro-tiles, so only the last block of a row or column has edge tiles. */
+    const int64_t m0 = min_i64(job->M, job->units_m * bm / job->tm * job->blk.mr);
+    const int64_t m1 = min_i64(job->M, job->units_m * (bm + 1) / job->tm * job->blk.mr);
+    const int64_t n0 = min_i64(job->N, job->units_n * bn / job->tn * job->blk.nr);
+    const int64_t n1 = min_i64(job->N, job->units_n * (bn + 1) / job->tn * job->blk.nr);
+    const size_t a_step = (size_t)round_up((int64_t)job->a_bytes, PACK_ALIGNMENT);
+    char *buffers = thread_pack_buffer(a_step + job->b_bytes);
+    if (!buffers) {
+        __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    run_block(job, m0, m1, n0, n1, (real *)buffers, (real *)(buffers + a_step));
 }
-
-/* ---- threads: a grid of blocks of C ------------------------------------------------------ */
-
-/* Below this many multiply-adds per thread, creating a thread costs more than it saves. The
- * thread count never changes the result, so this is purely a speed choice. */
-#define MIN_FMAS_PER_THREAD (INT64_C(1) << 20)
 
 /* Choose tm x tn blocks (tm * tn <= threads) over units_m x units_n micro-tiles: fewest
  * tiles on the busiest thread first (load balance), then the squarest blocks, which pack the
@@ -328,127 +323,50 @@ static void choose_grid(int64_t threads, int64_t units_m, int64_t units_n, int64
     *tn_out = best_tn;
 }
 
-static int64_t online_cores(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? n : 1;
+static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K, int64_t threads,
+                     const struct packed_kernel *kernel) {
+    struct nest_job job = {A, B, C, M, N, K, kernel, packed_blocking_for(kernel, sizeof(real)), 1, 1, 0, 0, 0, 0, 0};
+    job.units_m = (M + job.blk.mr - 1) / job.blk.mr;
+    job.units_n = (N + job.blk.nr - 1) / job.blk.nr;
+    const double fmas = (double)M * (double)N * (double)K;
+    threads = threads_for(threads, fmas, job.units_m * job.units_n);
+    choose_grid(threads, job.units_m, job.units_n, job.blk.mr, job.blk.nr, &job.tm, &job.tn);
+
+    const int64_t block_m = (job.units_m + job.tm - 1) / job.tm * job.blk.mr;
+    const int64_t block_n = (job.units_n + job.tn - 1) / job.tn * job.blk.nr;
+    if (block_m <= job.blk.mc) {
+        /* One A block per thread: each B panel is used by that block alone and can be sized
+         * to stay in L2 (half of it, beside the A block) rather than L3. */
+        const struct cache_sizes cache = packed_cache_sizes();
+        const int64_t l2_nc = cache.l2 / 2 / (job.blk.kc * (int64_t)sizeof(real)) / job.blk.nr * job.blk.nr;
+        job.blk.nc = max_i64(job.blk.nr, min_i64(job.blk.nc, l2_nc));
+    }
+    job.a_bytes = (size_t)(round_up(min_i64(job.blk.mc, block_m), job.blk.mr) * job.blk.kc) * sizeof(real);
+    job.b_bytes = (size_t)(round_up(min_i64(job.blk.nc, block_n), job.blk.nr) * job.blk.kc) * sizeof(real);
+    pool_run(job.tm * job.tn, nest_task, &job);
+    return job.failed ? PACKED_ERR_MEMORY : PACKED_OK;
 }
 
-/* ---- fewer rows than one register tile: no packing ------------------------------------ */
+/* ---- the public call: choose the path ------------------------------------------------------ */
 
-/* With M < MR (a GEMV when M = 1) each element of B feeds fewer than MR multiply-adds, so
- * packing B (read it, write a copy, read the copy again) costs more than the product. Stream B
- * once instead, one row of B at a time updating every row of C (C stays in cache), in the unit
- * stride order of naive.c's ikj loop, which the compiler vectorizes. One thread: the product is
- * bound by memory bandwidth, and the result is the same for every thread count. */
-#define DEFINE_SKINNY(T, SUFFIX)                                                                \
-    static void skinny_##SUFFIX(const T *restrict A, const T *restrict B, T *restrict C,        \
-                                int64_t M, int64_t N, int64_t K) {                              \
-        memset(C, 0, (size_t)M * (size_t)N * sizeof(T));                                        \
-        for (int64_t p = 0; p < K; ++p) {                                                       \
-            const T *restrict b_row = B + p * N;                                                \
-            for (int64_t i = 0; i < M; ++i) {                                                   \
-                const T a_ip = A[i * K + p];                                                    \
-                T *restrict c_row = C + i * N;                                                  \
-                for (int64_t j = 0; j < N; ++j) c_row[j] += a_ip * b_row[j];                    \
-            }                                                                                   \
-        }                                                                                       \
-    }
-DEFINE_SKINNY(float, f32)
-DEFINE_SKINNY(double, f64)
-
-static int packed_matmul(const void *A, const void *B, void *C, int64_t M, int64_t N, int64_t K,
-                         int64_t threads, int64_t variant, size_t es) {
+int TYPED(matmul_packed)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K, int64_t threads,
+                         int64_t variant) {
     if (M < 0 || N < 0 || K < 0) return PACKED_ERR_ARGUMENT;
-    const struct packed_kernel *kernel = kernel_for(variant, es);
+    const struct packed_kernel *kernel = packed_kernel_for(variant, sizeof(real));
     if (!kernel) return PACKED_ERR_VARIANT;
     if (M == 0 || N == 0) return PACKED_OK;
     if (K == 0) { /* an empty sum: C = 0, as NumPy gives */
-        memset(C, 0, (size_t)M * (size_t)N * es);
+        memset(C, 0, (size_t)M * (size_t)N * sizeof(real));
         return PACKED_OK;
     }
-    if (M < kernel->mr) {
-        if (es == sizeof(float))
-            skinny_f32(A, B, C, M, N, K);
-        else
-            skinny_f64(A, B, C, M, N, K);
+    if (M == 1 || N == 1) {
+        /* GEMV: one vector and one matrix (for M = N = 1, a dot product: the N = 1 path). */
+        struct vector_job job = {A, B, C, M, N, K, 1, 1};
+        const int64_t length = N == 1 ? M : N;
+        job.group = N == 1 ? DOT_ROWS : 64 / (int64_t)sizeof(real); /* rows of 4; whole cache lines of y */
+        job.parts = threads_for(threads, (double)length * (double)K, (length + job.group - 1) / job.group);
+        pool_run(job.parts, vector_task, &job);
         return PACKED_OK;
     }
-    const struct blocking blk = derive_blocking(kernel, es);
-
-    if (threads <= 0) threads = online_cores();
-    const int64_t units_m = (M + blk.mr - 1) / blk.mr, units_n = (N + blk.nr - 1) / blk.nr;
-    /* In double: M*N*K may overflow int64 (it only has to fit the work, not memory). */
-    const double fmas = (double)M * (double)N * (double)K;
-    const int64_t by_work = fmas / MIN_FMAS_PER_THREAD < 1 ? 1 : fmas / MIN_FMAS_PER_THREAD > 1024 ? 1024 : (int64_t)(fmas / MIN_FMAS_PER_THREAD);
-    threads = min_i64(min_i64(threads, by_work), min_i64(units_m * units_n, 1024));
-    int64_t tm, tn;
-    choose_grid(threads, units_m, units_n, blk.mr, blk.nr, &tm, &tn);
-    const int64_t count = tm * tn;
-
-    /* Each thread's buffers sized for the largest block it can get; one allocation for all,
-     * made before any thread starts, so a failure leaves nothing to clean up but this. */
-    const int64_t block_m = (units_m + tm - 1) / tm * blk.mr, block_n = (units_n + tn - 1) / tn * blk.nr;
-    const size_t a_bytes = (size_t)round_up(min_i64(blk.mc, block_m), blk.mr) * (size_t)blk.kc * es;
-    const size_t b_bytes = (size_t)round_up(min_i64(blk.nc, block_n), blk.nr) * (size_t)blk.kc * es;
-    const size_t a_step = (size_t)round_up((int64_t)a_bytes, PACK_ALIGNMENT);
-    const size_t b_step = (size_t)round_up((int64_t)b_bytes, PACK_ALIGNMENT);
-    const size_t per_thread = a_step + b_step;
-    void *buffers = NULL;
-    if (posix_memalign(&buffers, PACK_ALIGNMENT, per_thread * (size_t)count) != 0) return PACKED_ERR_MEMORY;
-
-    struct job stack_jobs[8];
-    pthread_t stack_ids[8];
-    struct job *jobs = stack_jobs;
-    pthread_t *ids = stack_ids;
-    if (count > 8) {
-        jobs = malloc(sizeof *jobs * (size_t)count);
-        ids = malloc(sizeof *ids * (size_t)count);
-        if (!jobs || !ids) {
-            free(jobs);
-            free(ids);
-            free(buffers);
-            return PACKED_ERR_MEMORY;
-        }
-    }
-    for (int64_t t = 0; t < count; ++t) {
-        const int64_t bm = t / tn, bn = t % tn;
-        struct job *job = &jobs[t];
-        job->A = A, job->B = B, job->C = C;
-        job->M = M, job->N = N, job->K = K, job->es = es;
-        job->kernel = kernel, job->blk = blk;
-        /* Cut at whole micro-tiles, so only the last block of a row or column has edge tiles. */
-        job->m0 = min_i64(M, units_m * bm / tm * blk.mr);
-        job->m1 = min_i64(M, units_m * (bm + 1) / tm * blk.mr);
-        job->n0 = min_i64(N, units_n * bn / tn * blk.nr);
-        job->n1 = min_i64(N, units_n * (bn + 1) / tn * blk.nr);
-        job->a_pack = (char *)buffers + per_thread * (size_t)t;
-        job->b_pack = (char *)job->a_pack + a_step;
-    }
-    /* Thread 0's block runs on the calling thread. A thread that cannot be created has its
-     * block run here too: slower, never wrong. */
-    char started_flags[1024];
-    for (int64_t t = 1; t < count; ++t) started_flags[t] = pthread_create(&ids[t], NULL, thread_main, &jobs[t]) == 0;
-    run_block(&jobs[0]);
-    for (int64_t t = 1; t < count; ++t) {
-        if (started_flags[t])
-            pthread_join(ids[t], NULL);
-        else
-            run_block(&jobs[t]);
-    }
-    if (jobs != stack_jobs) {
-        free(jobs);
-        free(ids);
-    }
-    free(buffers);
-    return PACKED_OK;
-}
-
-int matmul_packed_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K,
-                      int64_t threads, int64_t variant) {
-    return packed_matmul(A, B, C, M, N, K, threads, variant, sizeof(float));
-}
-
-int matmul_packed_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K,
-                      int64_t threads, int64_t variant) {
-    return packed_matmul(A, B, C, M, N, K, threads, variant, sizeof(double));
+    return loop_nest(A, B, C, M, N, K, threads, kernel);
 }

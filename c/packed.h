@@ -1,5 +1,7 @@
-/* Private header of the packed (Goto/BLIS) matmul: what the driver in packed.c needs to know
- * about each micro-kernel. Not part of the public interface (matmul.h), not read by cffi.
+/* Private header of the packed (Goto/BLIS) matmul: what packed.c, written once over `real`
+ * (real.h), shares with the parts compiled once (packed_setup.c: which micro-kernel, which
+ * block sizes) and with the micro-kernels. Not part of the public interface (matmul.h), not
+ * read by cffi.
  *
  * A micro-kernel computes one MR x NR tile of C from two packed micro-panels:
  *
@@ -9,9 +11,9 @@
  *         n <= NR) part lies inside the matrix and only that part is read or written
  *
  * and writes C = tile (accumulate == 0) or C += tile (accumulate != 0). The panels are zero
- * padded to full MR and NR, so the kernel always runs the same full-width FMAs; an edge tile
- * differs only in how the registers are written back. Both panels are aligned to
- * PACK_ALIGNMENT bytes.
+ * padded to full MR and NR. A kernel computes only the m rows that exist (an M = 8 problem
+ * pays for 8 rows, not 14), always the full NR columns; an edge tile in N differs only in
+ * how the registers are written back. Both panels are aligned to PACK_ALIGNMENT bytes.
  *
  * Determinism: every element of the tile is one chain of fused multiply-adds over p = 0..kc-1
  * in order, starting from zero, whatever m, n or the tile's position. So a C element's value
@@ -21,6 +23,7 @@
 #ifndef MATMUL_PACKED_H
 #define MATMUL_PACKED_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* 64 bytes: a cache line, and the width of one AVX-512 register, so aligned vector loads of
@@ -33,6 +36,14 @@ enum packed_variant {
     PACKED_PORTABLE = 1,
     PACKED_AVX2 = 2,
     PACKED_AVX512 = 3,
+};
+
+/* The return codes of matmul_packed_f32 / _f64 (matmul.h). */
+enum packed_status {
+    PACKED_OK = 0,
+    PACKED_ERR_VARIANT = 1,  /* unknown variant, or one this CPU (or this build) cannot run */
+    PACKED_ERR_MEMORY = 2,   /* the pack buffers could not be allocated */
+    PACKED_ERR_ARGUMENT = 3, /* a negative dimension */
 };
 
 typedef void (*packed_kernel_fn)(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc,
@@ -54,22 +65,28 @@ extern const struct packed_kernel packed_avx2_f32, packed_avx2_f64;
 extern const struct packed_kernel packed_avx512_f32, packed_avx512_f64;
 #endif
 
-/* packed_store_edge_f32 / _f64: write back the m x n part (inside C) of a register tile that
- * a kernel has stored to `tile` (row stride nr), as C = tile or C += tile. Every micro-kernel
- * ends an edge tile this way, so no byte outside the matrix is read or written. */
-#define PACKED_DEFINE_STORE_EDGE(T, SUFFIX)                                                      \
-    static inline void packed_store_edge_##SUFFIX(const T *tile, int64_t nr, T *C, int64_t ldc, \
-                                                  int64_t m, int64_t n, int accumulate) {        \
-        for (int64_t i = 0; i < m; ++i) {                                                        \
-            T *row = C + i * ldc;                                                                \
-            const T *values = tile + i * nr;                                                     \
-            if (accumulate)                                                                      \
-                for (int64_t j = 0; j < n; ++j) row[j] += values[j];                             \
-            else                                                                                 \
-                for (int64_t j = 0; j < n; ++j) row[j] = values[j];                              \
-        }                                                                                        \
-    }
-PACKED_DEFINE_STORE_EDGE(float, f32)
-PACKED_DEFINE_STORE_EDGE(double, f64)
+/* packed_setup.c: the micro-kernel `variant` runs for elements of elem_size bytes (NULL if it
+ * cannot run here), and the cache sizes (read from the OS once per process). */
+const struct packed_kernel *packed_kernel_for(int64_t variant, size_t elem_size);
+
+struct cache_sizes {
+    int64_t l1, l2, l3; /* bytes: L1 data and L2 of one core, L3 as reported */
+};
+struct cache_sizes packed_cache_sizes(void);
+
+/* The block sizes of the loop nest (packed.c), derived from the cache sizes. */
+struct blocking {
+    int64_t mr, nr, kc, mc, nc;
+};
+struct blocking packed_blocking_for(const struct packed_kernel *kernel, size_t elem_size);
+
+/* packed_store_edge_f32 / _f64 (packed_portable.c): write back the m x n part (inside C) of a
+ * register tile that a kernel has stored to `tile` (row stride nr), as C = tile or C += tile.
+ * Every micro-kernel ends an edge tile this way, so no byte outside the matrix is read or
+ * written. */
+void packed_store_edge_f32(const float *tile, int64_t nr, float *C, int64_t ldc, int64_t m, int64_t n,
+                           int accumulate);
+void packed_store_edge_f64(const double *tile, int64_t nr, double *C, int64_t ldc, int64_t m, int64_t n,
+                           int accumulate);
 
 #endif

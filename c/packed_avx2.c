@@ -26,33 +26,34 @@
 enum { MR_S = 6, NV_S = 2, NR_S = NV_S * 8 };  /* float32: 6 x 16 */
 enum { MR_D = 6, NV_D = 2, NR_D = NV_D * 4 };  /* float64: 6 x 8 */
 
-AVX2 static void kernel_f32(int64_t kc, const void *Ap_, const void *Bp_, void *C_, int64_t ldc,
-                            int64_t m, int64_t n, int accumulate) {
-    const float *restrict a = (const float *)Ap_;
-    const float *restrict b = (const float *)Bp_;
-    float *C = (float *)C_;
-    /* The C tile is touched only after the K loop, but its rows are ldc apart, in lines
-     * that are likely out of L1 and L2 by now: start fetching them so the write-back does not
-     * wait on memory. A row is at most 64 bytes, so at most two lines: its first and its last
-     * element inside C. */
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_S; ++i)
-        if (i < m) {
+/* One tile of `rows` x NR_S (float). Always inlined into kernel_f32 with `rows` a constant, so
+ * every loop over the accumulators unrolls fully and the array lives in registers. */
+AVX2 static inline __attribute__((always_inline)) void tile_f32(const int rows, int64_t kc,
+                                                                const void *Ap, const void *Bp, void *C_,
+                                                                int64_t ldc, int64_t n, int accumulate) {
+    const float *restrict a = Ap;
+    const float *restrict b = Bp;
+    float *C = C_;
+    /* The C tile is touched only after the K loop, in rows ldc apart that are likely out of
+     * L1 and L2 by now: start fetching them so the write-back does not wait on memory. */
+    if (accumulate)
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
             _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
             _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
         }
     __m256 c[MR_S][NV_S];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_S; ++i)
-#pragma GCC unroll 4
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
         for (int v = 0; v < NV_S; ++v) c[i][v] = _mm256_setzero_ps();
 
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; ++p) {
-        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR_S; ++i) {
-            __m256 ai = _mm256_broadcast_ss(a + i);
+        const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
+            const __m256 ai = _mm256_broadcast_ss(a + i);
             c[i][0] = _mm256_fmadd_ps(ai, b0, c[i][0]);
             c[i][1] = _mm256_fmadd_ps(ai, b1, c[i][1]);
         }
@@ -60,11 +61,11 @@ AVX2 static void kernel_f32(int64_t kc, const void *Ap_, const void *Bp_, void *
         b += NR_S;
     }
 
-    if (m == MR_S && n == NR_S) {
-#pragma GCC unroll 16
-        for (int i = 0; i < MR_S; ++i) {
+    if (n == NR_S) {
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
             float *row = C + i * ldc;
-#pragma GCC unroll 4
+            #pragma GCC unroll 4
             for (int v = 0; v < NV_S; ++v) {
                 __m256 value = c[i][v];
                 if (accumulate) value = _mm256_add_ps(_mm256_loadu_ps(row + 8 * v), value);
@@ -73,44 +74,58 @@ AVX2 static void kernel_f32(int64_t kc, const void *Ap_, const void *Bp_, void *
         }
         return;
     }
-    /* Edge tile: spill the registers to the stack and copy only the part inside C, so no
-     * byte outside the matrix is read or written. (Every loop over the accumulators is fully
-     * unrolled: one indexed by a run-time value would force the array into memory.) */
+    /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
+     * byte outside the matrix is read or written. */
     float tile[MR_S][NR_S] __attribute__((aligned(32)));
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_S; ++i)
-#pragma GCC unroll 4
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
         for (int v = 0; v < NV_S; ++v) _mm256_store_ps(&tile[i][8 * v], c[i][v]);
-    packed_store_edge_f32(&tile[0][0], NR_S, C, ldc, m, n, accumulate);
+    packed_store_edge_f32(&tile[0][0], NR_S, C, ldc, rows, n, accumulate);
 }
 
-AVX2 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void *C_, int64_t ldc,
-                            int64_t m, int64_t n, int accumulate) {
-    const double *restrict a = (const double *)Ap_;
-    const double *restrict b = (const double *)Bp_;
-    double *C = (double *)C_;
-    /* The C tile is touched only after the K loop, but its rows are ldc apart, in lines
-     * that are likely out of L1 and L2 by now: start fetching them so the write-back does not
-     * wait on memory. A row is at most 64 bytes, so at most two lines: its first and its last
-     * element inside C. */
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_D; ++i)
-        if (i < m) {
+/* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
+ * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
+AVX2 static void kernel_f32(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m,
+                            int64_t n, int accumulate) {
+    switch (m) {
+    case 6: tile_f32(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 5: tile_f32(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 4: tile_f32(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 3: tile_f32(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 2: tile_f32(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 1: tile_f32(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    }
+}
+
+/* One tile of `rows` x NR_D (double). Always inlined into kernel_f64 with `rows` a constant, so
+ * every loop over the accumulators unrolls fully and the array lives in registers. */
+AVX2 static inline __attribute__((always_inline)) void tile_f64(const int rows, int64_t kc,
+                                                                const void *Ap, const void *Bp, void *C_,
+                                                                int64_t ldc, int64_t n, int accumulate) {
+    const double *restrict a = Ap;
+    const double *restrict b = Bp;
+    double *C = C_;
+    /* The C tile is touched only after the K loop, in rows ldc apart that are likely out of
+     * L1 and L2 by now: start fetching them so the write-back does not wait on memory. */
+    if (accumulate)
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
             _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
             _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
         }
     __m256d c[MR_D][NV_D];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_D; ++i)
-#pragma GCC unroll 4
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
         for (int v = 0; v < NV_D; ++v) c[i][v] = _mm256_setzero_pd();
 
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; ++p) {
-        __m256d b0 = _mm256_load_pd(b), b1 = _mm256_load_pd(b + 4);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR_D; ++i) {
-            __m256d ai = _mm256_broadcast_sd(a + i);
+        const __m256d b0 = _mm256_load_pd(b), b1 = _mm256_load_pd(b + 4);
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
+            const __m256d ai = _mm256_broadcast_sd(a + i);
             c[i][0] = _mm256_fmadd_pd(ai, b0, c[i][0]);
             c[i][1] = _mm256_fmadd_pd(ai, b1, c[i][1]);
         }
@@ -118,11 +133,11 @@ AVX2 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void *
         b += NR_D;
     }
 
-    if (m == MR_D && n == NR_D) {
-#pragma GCC unroll 16
-        for (int i = 0; i < MR_D; ++i) {
+    if (n == NR_D) {
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
             double *row = C + i * ldc;
-#pragma GCC unroll 4
+            #pragma GCC unroll 4
             for (int v = 0; v < NV_D; ++v) {
                 __m256d value = c[i][v];
                 if (accumulate) value = _mm256_add_pd(_mm256_loadu_pd(row + 4 * v), value);
@@ -131,12 +146,28 @@ AVX2 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void *
         }
         return;
     }
+    /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
+     * byte outside the matrix is read or written. */
     double tile[MR_D][NR_D] __attribute__((aligned(32)));
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_D; ++i)
-#pragma GCC unroll 4
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
         for (int v = 0; v < NV_D; ++v) _mm256_store_pd(&tile[i][4 * v], c[i][v]);
-    packed_store_edge_f64(&tile[0][0], NR_D, C, ldc, m, n, accumulate);
+    packed_store_edge_f64(&tile[0][0], NR_D, C, ldc, rows, n, accumulate);
+}
+
+/* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
+ * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
+AVX2 static void kernel_f64(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m,
+                            int64_t n, int accumulate) {
+    switch (m) {
+    case 6: tile_f64(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 5: tile_f64(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 4: tile_f64(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 3: tile_f64(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 2: tile_f64(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 1: tile_f64(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    }
 }
 
 const struct packed_kernel packed_avx2_f32 = {MR_S, NR_S, kernel_f32};

@@ -24,32 +24,34 @@
 enum { MR_S = 14, NV_S = 2, NR_S = NV_S * 16 };  /* float32: 14 x 32 */
 enum { MR_D = 14, NV_D = 2, NR_D = NV_D * 8 };   /* float64: 14 x 16 */
 
-AVX512 static void kernel_f32(int64_t kc, const void *Ap_, const void *Bp_, void *C_, int64_t ldc,
-                            int64_t m, int64_t n, int accumulate) {
-    const float *restrict a = (const float *)Ap_;
-    const float *restrict b = (const float *)Bp_;
-    float *C = (float *)C_;
-    /* Start fetching the C tile's rows (up to 128 bytes each: at most three lines; only
-     * the part inside C) now, so the write-back after the K loop does not wait on memory. */
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_S; ++i)
-        if (i < m) {
+/* One tile of `rows` x NR_S (float). Always inlined into kernel_f32 with `rows` a constant, so
+ * every loop over the accumulators unrolls fully and the array lives in registers. */
+AVX512 static inline __attribute__((always_inline)) void tile_f32(const int rows, int64_t kc,
+                                                                const void *Ap, const void *Bp, void *C_,
+                                                                int64_t ldc, int64_t n, int accumulate) {
+    const float *restrict a = Ap;
+    const float *restrict b = Bp;
+    float *C = C_;
+    /* The C tile is touched only after the K loop, in rows ldc apart that are likely out of
+     * L1 and L2 by now: start fetching them so the write-back does not wait on memory. */
+    if (accumulate)
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
             _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
-            _mm_prefetch((const char *)(C + i * ldc + (n - 1) / 2), _MM_HINT_T0);
             _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
         }
     __m512 c[MR_S][NV_S];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_S; ++i)
-#pragma GCC unroll 4
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
         for (int v = 0; v < NV_S; ++v) c[i][v] = _mm512_setzero_ps();
 
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; ++p) {
-        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR_S; ++i) {
-            __m512 ai = _mm512_set1_ps(a[i]);
+        const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
+            const __m512 ai = _mm512_set1_ps(a[i]);
             c[i][0] = _mm512_fmadd_ps(ai, b0, c[i][0]);
             c[i][1] = _mm512_fmadd_ps(ai, b1, c[i][1]);
         }
@@ -57,11 +59,11 @@ AVX512 static void kernel_f32(int64_t kc, const void *Ap_, const void *Bp_, void
         b += NR_S;
     }
 
-    if (m == MR_S && n == NR_S) {
-#pragma GCC unroll 16
-        for (int i = 0; i < MR_S; ++i) {
+    if (n == NR_S) {
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
             float *row = C + i * ldc;
-#pragma GCC unroll 4
+            #pragma GCC unroll 4
             for (int v = 0; v < NV_S; ++v) {
                 __m512 value = c[i][v];
                 if (accumulate) value = _mm512_add_ps(_mm512_loadu_ps(row + 16 * v), value);
@@ -70,43 +72,66 @@ AVX512 static void kernel_f32(int64_t kc, const void *Ap_, const void *Bp_, void
         }
         return;
     }
-    /* Edge tile: spill the registers to the stack and copy only the part inside C, so no
-     * byte outside the matrix is read or written. (Every loop over the accumulators is fully
-     * unrolled: one indexed by a run-time value would force the array into memory.) */
+    /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
+     * byte outside the matrix is read or written. */
     float tile[MR_S][NR_S] __attribute__((aligned(64)));
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_S; ++i)
-#pragma GCC unroll 4
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
         for (int v = 0; v < NV_S; ++v) _mm512_store_ps(&tile[i][16 * v], c[i][v]);
-    packed_store_edge_f32(&tile[0][0], NR_S, C, ldc, m, n, accumulate);
+    packed_store_edge_f32(&tile[0][0], NR_S, C, ldc, rows, n, accumulate);
 }
 
-AVX512 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void *C_, int64_t ldc,
-                            int64_t m, int64_t n, int accumulate) {
-    const double *restrict a = (const double *)Ap_;
-    const double *restrict b = (const double *)Bp_;
-    double *C = (double *)C_;
-    /* Start fetching the C tile's rows (up to 128 bytes each: at most three lines; only
-     * the part inside C) now, so the write-back after the K loop does not wait on memory. */
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_D; ++i)
-        if (i < m) {
+/* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
+ * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
+AVX512 static void kernel_f32(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m,
+                            int64_t n, int accumulate) {
+    switch (m) {
+    case 14: tile_f32(14, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 13: tile_f32(13, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 12: tile_f32(12, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 11: tile_f32(11, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 10: tile_f32(10, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 9: tile_f32(9, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 8: tile_f32(8, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 7: tile_f32(7, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 6: tile_f32(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 5: tile_f32(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 4: tile_f32(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 3: tile_f32(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 2: tile_f32(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 1: tile_f32(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    }
+}
+
+/* One tile of `rows` x NR_D (double). Always inlined into kernel_f64 with `rows` a constant, so
+ * every loop over the accumulators unrolls fully and the array lives in registers. */
+AVX512 static inline __attribute__((always_inline)) void tile_f64(const int rows, int64_t kc,
+                                                                const void *Ap, const void *Bp, void *C_,
+                                                                int64_t ldc, int64_t n, int accumulate) {
+    const double *restrict a = Ap;
+    const double *restrict b = Bp;
+    double *C = C_;
+    /* The C tile is touched only after the K loop, in rows ldc apart that are likely out of
+     * L1 and L2 by now: start fetching them so the write-back does not wait on memory. */
+    if (accumulate)
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
             _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
-            _mm_prefetch((const char *)(C + i * ldc + (n - 1) / 2), _MM_HINT_T0);
             _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
         }
     __m512d c[MR_D][NV_D];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_D; ++i)
-#pragma GCC unroll 4
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
         for (int v = 0; v < NV_D; ++v) c[i][v] = _mm512_setzero_pd();
 
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; ++p) {
-        __m512d b0 = _mm512_load_pd(b), b1 = _mm512_load_pd(b + 8);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR_D; ++i) {
-            __m512d ai = _mm512_set1_pd(a[i]);
+        const __m512d b0 = _mm512_load_pd(b), b1 = _mm512_load_pd(b + 8);
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
+            const __m512d ai = _mm512_set1_pd(a[i]);
             c[i][0] = _mm512_fmadd_pd(ai, b0, c[i][0]);
             c[i][1] = _mm512_fmadd_pd(ai, b1, c[i][1]);
         }
@@ -114,11 +139,11 @@ AVX512 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void
         b += NR_D;
     }
 
-    if (m == MR_D && n == NR_D) {
-#pragma GCC unroll 16
-        for (int i = 0; i < MR_D; ++i) {
+    if (n == NR_D) {
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
             double *row = C + i * ldc;
-#pragma GCC unroll 4
+            #pragma GCC unroll 4
             for (int v = 0; v < NV_D; ++v) {
                 __m512d value = c[i][v];
                 if (accumulate) value = _mm512_add_pd(_mm512_loadu_pd(row + 8 * v), value);
@@ -127,12 +152,36 @@ AVX512 static void kernel_f64(int64_t kc, const void *Ap_, const void *Bp_, void
         }
         return;
     }
+    /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
+     * byte outside the matrix is read or written. */
     double tile[MR_D][NR_D] __attribute__((aligned(64)));
-#pragma GCC unroll 16
-    for (int i = 0; i < MR_D; ++i)
-#pragma GCC unroll 4
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
         for (int v = 0; v < NV_D; ++v) _mm512_store_pd(&tile[i][8 * v], c[i][v]);
-    packed_store_edge_f64(&tile[0][0], NR_D, C, ldc, m, n, accumulate);
+    packed_store_edge_f64(&tile[0][0], NR_D, C, ldc, rows, n, accumulate);
+}
+
+/* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
+ * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
+AVX512 static void kernel_f64(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m,
+                            int64_t n, int accumulate) {
+    switch (m) {
+    case 14: tile_f64(14, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 13: tile_f64(13, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 12: tile_f64(12, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 11: tile_f64(11, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 10: tile_f64(10, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 9: tile_f64(9, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 8: tile_f64(8, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 7: tile_f64(7, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 6: tile_f64(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 5: tile_f64(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 4: tile_f64(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 3: tile_f64(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 2: tile_f64(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 1: tile_f64(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    }
 }
 
 const struct packed_kernel packed_avx512_f32 = {MR_S, NR_S, kernel_f32};

@@ -173,10 +173,25 @@ def _load(path: str):
     return ffi, lib
 
 
+_load_lock = threading.Lock()
+_loaded = None  # (ffi, lib) once loaded: the library is located, built and loaded once per process
+
+
 def load():
-    """(ffi, lib). The library is checked for staleness (and rebuilt) on every call, but a
-    process keeps the copy it loaded first: the dynamic loader will not load a path twice.
-    A checkout's library that will not load is rebuilt once (a damaged file)."""
+    """(ffi, lib), located (and in a stale checkout built) on the first call only, so a call
+    through cffi costs no file-system work. A process keeps the copy it loaded first anyway
+    (the dynamic loader will not load one path twice): an edited ``c/*.c`` takes effect in the
+    next process. A checkout's library that will not load is rebuilt once (a damaged file)."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    with _load_lock:
+        if _loaded is None:
+            _loaded = _locate_and_load()
+    return _loaded
+
+
+def _locate_and_load():
     path = library_path()
     try:
         return _load(str(path))

@@ -53,6 +53,8 @@ class Backend(Protocol):
 
     # Optional: ``run_mode(impl) -> "native" | "emulated" | "interpreted"``, how prepare() would
     # run here. CPU stand-ins for GPU code are slow, so compare() caps their problem size.
+    # Optional: ``bind(impl, options) -> call(a, b) -> ndarray``, the direct call that
+    # ``Matmul.__call__`` uses when it exists: the per-call work alone (no staging, no copy).
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,7 @@ class Matmul:
             known = sorted(set(impl.options) | ({"threads"} if impl.threaded else set()))
             raise TypeError(f"{impl.name} takes no option {', '.join(sorted(unknown))} (its options: {', '.join(known) or 'none'})")
         self.options = {**impl.options, **options}
+        self._call = None  # the backend's bound call, made on first use
 
     def __repr__(self) -> str:
         return f"<matmul {self.impl.name}: {self.impl.summary}>"
@@ -262,6 +265,24 @@ class Matmul:
 
     def __call__(self, a, b) -> np.ndarray:
         a, b = validate_inputs(self.impl, a, b, self.allow_slow)  # once: the call path is timed by users
+        if 0 not in a.shape and 0 not in b.shape:
+            call = self._bound_call()
+            if call is not None:  # the backend's direct call: no staging, no copy of the result
+                return check_result(self.impl, call(a, b), a, b)
         prepared = self._prepare_validated(a, b)
         prepared.run()
         return check_result(self.impl, prepared.result(), a, b)
+
+    def _bound_call(self):
+        """The backend's ``bind(impl, options)`` call, made once per Matmul (the options are
+        fixed, so they are checked once), or None for backends that only prepare."""
+        if self._call is None:
+            bind = getattr(self.impl.backend, "bind", None)
+            if bind is None:
+                self._call = False
+            else:
+                reason = self.impl.unavailable_reason()
+                if reason:
+                    raise UnavailableError(f"{self.impl.name} is unavailable here: {reason}")
+                self._call = bind(self.impl, self.options)
+        return self._call or None

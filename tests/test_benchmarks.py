@@ -67,3 +67,28 @@ def test_matmul(benchmark, bench_case):
     assert outcome.passed, f"{name} at {shape} {dtype}: {outcome.message}"
     if benchmark.stats is not None and benchmark.stats.stats.median > 0:
         benchmark.extra_info["gflops"] = shape.flops / benchmark.stats.stats.median / 1e9
+
+
+CALL_OVERHEAD_CASES = [
+    pytest.param(call, size, id=f"{call}-{size}x{size}x{size}")
+    for size in (8, 32) for call in ("numpy a @ b", "harness.get('c.packed')(a, b)")
+]
+
+
+@pytest.mark.parametrize("call, size", CALL_OVERHEAD_CASES)
+def test_call_overhead(benchmark, call, size):
+    """The whole public call (validation, output allocation, the C call) against NumPy's
+    ``a @ b`` at sizes where the arithmetic is nearly free: what is left is call overhead."""
+    a, b = harness.make_inputs(parse_shape(size), "float32")
+    if call.startswith("numpy"):
+        function = lambda: a @ b  # noqa: E731
+    else:
+        impl = harness.lookup("c.packed")
+        if impl.unavailable_reason():
+            pytest.skip(f"c.packed unavailable: {impl.unavailable_reason()}")
+        matmul = harness.get("c.packed", threads=1)
+        function = lambda: matmul(a, b)  # noqa: E731
+    benchmark.group = f"call overhead {size}x{size}x{size} float32"
+    with threadpool_limits(limits=1):
+        result = benchmark(function)
+    assert harness.check(result, a, b).passed

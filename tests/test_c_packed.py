@@ -140,3 +140,67 @@ def test_registered_after_blocked():
     names = [impl.name for impl in harness.implementations("c.*")]
     assert names.index("c.packed") == names.index("c.blocked") + 1
     assert IMPL.threaded
+
+
+def _path_crossovers(dtype) -> list[Shape]:
+    """Shapes on each side of every place c/packed.c changes path or cut: M = 1 (GEMV) and
+    N = 1 (one dot product per row) against 2; the rows of four of the N = 1 path; the
+    register tile MR (the kernels' row-count instances); MC, below which the B panel is sized
+    for L2; a GEMV chunk of y (8 KiB); the K block KC."""
+    blocking = c_backend.packed_blocking("auto", dtype)
+    mr, mc, kc = blocking["MR"], blocking["MC"], blocking["KC"]
+    chunk = 8192 // np.dtype(dtype).itemsize
+    shapes = [Shape(m, 37, 29) for m in (1, 2, 3)] + [Shape(29, n, 37) for n in (1, 2, 3)]
+    shapes += [Shape(m, 1, 33) for m in (3, 4, 5, 7, 8, 9)]
+    shapes += [Shape(m, 45, 31) for m in (mr - 1, mr, mr + 1, 2 * mr + 1)]
+    shapes += [Shape(m, 67, 19) for m in (mc - 1, mc, mc + 1)]
+    shapes += [Shape(1, n, 23) for n in (chunk - 1, chunk, chunk + 1)]
+    shapes += [Shape(9, 33, k) for k in (kc - 1, kc, kc + 1)] + [Shape(1, 33, kc + 1), Shape(33, 1, kc + 1)]
+    return shapes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_path_at_its_crossovers(dtype):
+    for shape in _path_crossovers(dtype):
+        for threads in (1, 2, 3):
+            _check(shape, dtype, seed=shape.m + shape.n, threads=threads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vector_paths_give_the_same_bits_for_every_thread_count(dtype):
+    # The GEMV paths cut N (M = 1) at whole cache lines of y and M (N = 1) at rows of four,
+    # so a given element is summed by the same code whichever thread takes it.
+    for shape in (Shape(1, 4133, 517), Shape(1101, 1, 517), Shape(1, 1, 999), Shape(2, 1, 300), Shape(1, 2, 300)):
+        a, b = harness.make_inputs(shape, dtype)
+        results = {t: harness.get("c.packed", threads=t)(a, b) for t in (1, 2, 3, 7)}
+        assert harness.check(results[1], a, b).passed
+        for threads, result in results.items():
+            np.testing.assert_array_equal(result, results[1], err_msg=f"{threads} threads, {shape}")
+
+
+def test_the_thread_pool_survives_fork():
+    # The pool's workers exist only in the parent; a child must make its own, not wait on
+    # threads that fork did not copy.
+    import multiprocessing
+
+    a, b = harness.make_inputs(Shape(300, 300, 300), "float32")
+    parent = harness.get("c.packed", threads=2)(a, b)  # the pool now has a worker
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        child = pool.apply_async(_packed_in_child, (a, b)).get(timeout=60)
+    np.testing.assert_array_equal(child, parent)
+
+
+def _packed_in_child(a, b):
+    return harness.get("c.packed", threads=2)(a, b)
+
+
+def test_the_public_call_returns_a_fresh_array_and_takes_read_only_inputs():
+    a, b = harness.make_inputs(Shape(33, 17, 9), "float64")
+    a.flags.writeable = False
+    b.flags.writeable = False
+    matmul = harness.get("c.packed")
+    first, second = matmul(a, b), matmul(a, b)
+    assert first is not second and not np.shares_memory(first, second)
+    np.testing.assert_array_equal(first, second)
+    assert first.flags.c_contiguous and first.flags.writeable

@@ -12,32 +12,33 @@ import numpy as np
 from .. import clib
 from ..core import Implementation, UnavailableError
 
-_SUFFIX = {"float32": ("f32", "float"), "float64": ("f64", "double")}
+_SUFFIX = {"float32": "f32", "float64": "f64"}
 
 
 class _CPrepared:
+    """The prepare/run/result split of core.py, for the harness's timer: the output and the
+    pointers are made here, so run() is the C call alone."""
     mode = "native"
 
-    def __init__(self, function, ffi, a, b, extra_args):
-        suffix, ctype = _SUFFIX[a.dtype.name]
+    def __init__(self, backend, function, ffi, a, b, extra_args):
         self.a, self.b = a, b  # keep the arrays alive while C holds pointers into them
         self.c = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+        ctype = _CTYPES[a.dtype.name]
         self.args = (
-            ffi.from_buffer(f"{ctype}[]", a),
-            ffi.from_buffer(f"{ctype}[]", b),
-            ffi.from_buffer(f"{ctype}[]", self.c),
-            a.shape[0], b.shape[1], a.shape[1],
-            *extra_args,
+            ffi.from_buffer(ctype, a), ffi.from_buffer(ctype, b), ffi.from_buffer(ctype, self.c),
+            a.shape[0], b.shape[1], a.shape[1], *extra_args,
         )
         self.function = function
+        self.backend = backend
 
     def run(self) -> None:
-        status = self.function(*self.args)  # None for void kernels; nonzero int = failure
-        if status:
-            raise MemoryError(f"C kernel failed with status {status} (could not allocate its buffers)")
+        self.backend.check_status(self.function(*self.args))
 
     def result(self) -> np.ndarray:
         return self.c.copy()
+
+
+_CTYPES = {"float32": "float[]", "float64": "double[]"}
 
 
 class CBackend:
@@ -64,11 +65,37 @@ class CBackend:
             raise ValueError(f"{impl.name}: tile must be >= 1, got {options['tile']}")
         return values
 
-    def prepare(self, impl, a, b, options):
+    def check_status(self, status) -> None:
+        if status:  # None for void kernels; a nonzero int is a failure
+            raise MemoryError(f"C kernel failed with status {status} (could not allocate its buffers)")
+
+    def _functions(self):
         ffi, lib = clib.load()
-        suffix = _SUFFIX[a.dtype.name][0]
-        function = getattr(lib, f"matmul_{self.kernel}_{suffix}")
-        return _CPrepared(function, ffi, a, b, self.extra_args(impl, options))
+        return ffi, {dtype: getattr(lib, f"matmul_{self.kernel}_{suffix}") for dtype, suffix in _SUFFIX.items()}
+
+    def prepare(self, impl, a, b, options):
+        ffi, functions = self._functions()
+        return _CPrepared(self, functions[a.dtype.name], ffi, a, b, self.extra_args(impl, options))
+
+    def bind(self, impl, options):
+        """``call(a, b) -> C`` for validated inputs: what ``harness.get(name)(a, b)`` runs, so
+        it does only what must be done per call (one uninitialised output, three pointers, the
+        C call); the options are checked and the library loaded once, here."""
+        ffi, functions = self._functions()
+        extra = self.extra_args(impl, options)
+        by_dtype = {np.dtype(name): (function, _CTYPES[name]) for name, function in functions.items()}
+        check_status = self.check_status
+        from_buffer = ffi.from_buffer
+
+        def call(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            function, ctype = by_dtype[a.dtype]
+            m, k = a.shape
+            n = b.shape[1]
+            c = np.empty((m, n), dtype=a.dtype)  # no zero fill: every kernel overwrites C
+            check_status(function(from_buffer(ctype, a), from_buffer(ctype, b), from_buffer(ctype, c), m, n, k, *extra))
+            return c
+
+        return call
 
 
 # c.packed's micro-kernels, by the numbers c/matmul.h gives them.
@@ -124,13 +151,6 @@ def _packed_variant_number(variant) -> int:
     return PACKED_VARIANTS[variant]
 
 
-class _PackedPrepared(_CPrepared):
-    def run(self) -> None:
-        code = self.function(*self.args)
-        if code:
-            raise RuntimeError(f"c.packed failed (code {code}): {_PACKED_ERRORS.get(code, 'unknown error')}")
-
-
 class PackedBackend(CBackend):
     """c.packed: ``matmul_packed_<f32|f64>(A, B, C, M, N, K, threads, variant)``, which returns
     an error code; the options are checked here so that C is only called with ones it takes."""
@@ -148,10 +168,9 @@ class PackedBackend(CBackend):
         packed_variant(variant)  # an unsupported variant fails here, before any C runs
         return [int(threads), PACKED_VARIANTS[variant]]
 
-    def prepare(self, impl, a, b, options):
-        ffi, lib = clib.load()
-        function = getattr(lib, f"matmul_packed_{_SUFFIX[a.dtype.name][0]}")
-        return _PackedPrepared(function, ffi, a, b, self.extra_args(impl, options))
+    def check_status(self, code) -> None:
+        if code:
+            raise RuntimeError(f"c.packed failed (code {code}): {_PACKED_ERRORS.get(code, 'unknown error')}")
 
 
 IMPLEMENTATIONS = [

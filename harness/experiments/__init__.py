@@ -8,9 +8,10 @@ the report). ``python -m harness <NAME> --out DIR`` runs one; ``python -m harnes
 """
 from __future__ import annotations
 
-from . import association, comparison, gemv_bandwidth, loads, loop_orders, roofline, tile_quantization, tile_sweep
+from . import association, blas_grid, comparison, gemv_bandwidth, loads, loop_orders, roofline, tile_quantization, tile_sweep
 
 EXPERIMENTS = {
     module.NAME: module
-    for module in (comparison, loads, loop_orders, tile_sweep, tile_quantization, association, roofline, gemv_bandwidth)
+    for module in (comparison, loads, loop_orders, tile_sweep, tile_quantization, association, roofline, gemv_bandwidth,
+                   blas_grid)
 }

@@ -7,15 +7,31 @@ take minutes, as the plot and JSON say), the packed SIMD matmul that is the next
 (``c.packed``) and the BLAS (``numpy.matmul``). Every product is checked against the
 float64 reference before it is timed; a wrong one is reported, never timed.
 
-What to expect: tiny tiles pay loop overhead and short vectors; tiles whose B tile
-(tile x tile elements) no longer fits in L1/L2 lose the reuse that blocking buys; the best
-sits in between, and still well below the BLAS, which also packs and keeps C in registers.
+What to expect. c.blocked runs naive ikj tile by tile: for each tile of B (``tile`` rows of
+B deep; ``tile`` columns wide, but never narrower than its 256-byte register chunk, 64
+float32 or 32 float64 columns) it sweeps every row of A, holding a chunk of C's row in
+registers across the tile's depth. So the tile sets two things the curve shows:
+
+- how often a chunk of C is loaded and stored: once per ``tile`` multiply-adds per element.
+  Small tiles pay that and the loop overhead, and still beat naive ikj, which loads and stores
+  C on every multiply-add; the curve rises as the tile deepens.
+- how much of B must stay in cache to be reused by the next row of A: tile x tile elements
+  (64 x 64 float32 = 16 KiB). While that fits in L1 the curve rises; past L1 (B now streams
+  from L2, which almost keeps up with this kernel) it dips a little or holds; once the tile
+  outgrows L2 every row of A fetches it again from L3 and the curve falls, towards naive ikj
+  and below. The plot marks where the B tile fills L1 and L2 (read from the OS where it says,
+  per core), and the findings name them.
+
+The best sits in between, and still well below the BLAS, which also packs and keeps a 2-D
+block of C in registers.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Sequence
+
+import math
 
 from .. import machine
 from ..checking import check, reference
@@ -32,6 +48,53 @@ DURATION = "about 1 minute"  # on a 2-core machine, said before it starts
 # this size instead when the sweep's shape is larger (its speed hardly depends on size once
 # B is out of cache, which 512 already is for its column walk).
 NAIVE_IJK_MAX = 512
+# c.blocked's widest register chunk (WIDE_CHUNK_BYTES in c/blocked.c): its tiles are never
+# narrower than this many bytes of a row of B.
+CHUNK_BYTES = 256
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def cache_sizes(root: Path = CACHE_DIR) -> dict[str, int]:
+    """Bytes of one core's L1 data, L2 and L3 caches, as Linux lists them; {} where it does not."""
+    sizes = {}
+    try:
+        entries = sorted(root.glob("index*"))
+    except OSError:
+        return sizes
+    for entry in entries:
+        try:
+            level = (entry / "level").read_text().strip()
+            kind = (entry / "type").read_text().strip()
+            text = (entry / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        if kind == "Instruction" or not text:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+        try:
+            size = int(text.rstrip("KMG")) * scale
+        except ValueError:
+            continue
+        sizes.setdefault(f"l{level}", size)
+    return sizes
+
+
+def b_tile_bytes(tile: int, shape: Shape, itemsize: int) -> int:
+    """Bytes of the tile of B that c.blocked reuses from cache for every row of A."""
+    width = max(tile, CHUNK_BYTES // itemsize)
+    return min(tile, shape.k) * min(width, shape.n) * itemsize
+
+
+def _kib(size: int) -> str:
+    return f"{size / 2**20:g} MiB" if size >= 2**20 else f"{size / 2**10:g} KiB"
+
+
+def _where(size: int, caches: dict) -> str:
+    """The smallest cache that holds `size` bytes."""
+    for level in ("l1", "l2", "l3"):
+        if level in caches and size <= caches[level]:
+            return level.upper()
+    return "memory"
 
 
 def add_arguments(parser) -> None:
@@ -54,7 +117,7 @@ def summarize(data: dict) -> str:
     for row in data["lines"]:
         speed = f"{row['gflops']:.3g}" if "gflops" in row else row["status"]
         lines.append(f"| `{row['implementation']}` | {row['shape']} | {speed} |")
-    return "\n".join(lines) + f"\n\nBest tile: {data['best_tile']}."
+    return "\n".join(lines) + "\n\n" + " ".join(findings(data)[1:])
 
 
 def _measure(name: str, shape: Shape, dtype: str, min_time: float, **options) -> dict:
@@ -103,6 +166,9 @@ def run(out_dir, shape=1024, tiles: Sequence[int] = (8, 16, 32, 64, 128, 256), d
     ok = [row for row in sweep if row["status"] == "ok"]
     best = max(ok, key=lambda row: row["gflops"]) if ok else None
     print(f"best tile: {best['tile'] if best else None}", flush=True)
+    itemsize = 4 if dtype == "float32" else 8
+    for row in sweep:
+        row["b_tile_bytes"] = b_tile_bytes(row["tile"], shape, itemsize)
     data = {
         "experiment": NAME,
         "description": "c.blocked GFLOP/s against tile size (exercise C), beside naive C, packed C and the BLAS",
@@ -113,6 +179,7 @@ def run(out_dir, shape=1024, tiles: Sequence[int] = (8, 16, 32, 64, 128, 256), d
         "sweep": sweep,
         "best_tile": best["tile"] if best else None,
         "lines": lines,
+        "caches": cache_sizes(),
         "machine": machine.machine_info(),
     }
     (out_dir / f"{NAME}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -138,6 +205,13 @@ def _plot(data: dict, path: Path) -> None:
         color, style = styles.get(line["implementation"], ("gray", "--"))
         at = "" if line["shape"] == data["shape"] else f" at {line['shape']}"
         ax.axhline(line["gflops"], color=color, linestyle=style, label=f"{line['implementation']}{at}: {line['gflops']:.1f}")
+    caches = data.get("caches") or {}
+    itemsize = 4 if data["dtype"] == "float32" else 8
+    for level, style in (("l1", ":"), ("l2", "--")):
+        if level in caches:  # the tile edge whose tile x tile B tile just fills this cache
+            edge = math.sqrt(caches[level] / itemsize)
+            ax.axvline(edge, color="gray", linestyle=style, linewidth=1,
+                       label=f"B tile = {level.upper()} ({_kib(caches[level])}): tile {edge:.0f}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks([row["tile"] for row in data["sweep"]])
@@ -157,8 +231,26 @@ def findings(data: dict) -> list[str]:
     sweep = {r["tile"]: r.get("gflops") for r in data["sweep"] if r.get("gflops")}
     lines = {r["implementation"]: r.get("gflops") for r in data["lines"] if r.get("gflops")}
     best = data.get("best_tile")
+    caches = data.get("caches") or {}
+    sizes = {r["tile"]: r["b_tile_bytes"] for r in data["sweep"] if "b_tile_bytes" in r}
     text = [f"c.blocked at {data['shape']}: " + ", ".join(f"T={t}: {g:.1f}" for t, g in sweep.items()) + " GFLOP/s"]
     if best in sweep:
-        text.append(f"best tile {best} ({sweep[best]:.1f} GFLOP/s); beside it " +
-                    ", ".join(f"{name} {g:.1f}" for name, g in lines.items()))
+        held = f", its B tile {_kib(sizes[best])}" if best in sizes else ""
+        held += f" in {_where(sizes[best], caches)}" if held and caches else ""
+        text.append(f"best tile {best} ({sweep[best]:.1f} GFLOP/s{held}); beside it " +
+                    ", ".join(f"{name} {g:.1f}" for name, g in lines.items()) + ".")
+    if caches:
+        text.append("Caches of one core: " + ", ".join(f"{k.upper()} {_kib(v)}" for k, v in sorted(caches.items())) + ".")
+        fits = [t for t in sweep if t in sizes and "l2" in caches and sizes[t] <= caches["l2"]]
+        beyond = [t for t in sweep if t in sizes and "l2" in caches and sizes[t] > caches["l2"]]
+        if fits and beyond:
+            last, first = max(fits), min(beyond)
+            text.append(f"Past the L2: tile {first}'s B tile ({_kib(sizes[first])}) no longer fits and "
+                        f"comes from L3 for every row of A: {sweep[first]:.1f} GFLOP/s against "
+                        f"{sweep[last]:.1f} at tile {last}.")
+    small = min(sweep) if sweep else None
+    if small is not None and "c.naive_ikj" in lines:
+        text.append(f"Smallest tile {small}: {sweep[small]:.1f} GFLOP/s against naive ikj's "
+                    f"{lines['c.naive_ikj']:.1f} (it loads and stores C once per {small} multiply-adds, "
+                    "ikj on every one).")
     return text

@@ -1,0 +1,161 @@
+/* The packed matmul's choices that do not depend on the element type: which micro-kernel this
+ * CPU runs, the cache sizes, and the block sizes derived from them (packed.c uses them).
+ *
+ * Micro-kernel variant: chosen at run time from cpuid (__builtin_cpu_supports, which also
+ * checks that the OS saves the wide registers): AVX-512 if present, else AVX2+FMA, else the
+ * portable C kernel. One build therefore runs on any x86-64 and never executes an instruction
+ * the CPU lacks; a caller may force a variant, and gets an error code if the CPU lacks it.
+ *
+ * Block sizes are derived at run time from the cache sizes the OS reports (sysconf on Linux,
+ * sysctl on macOS; fixed fallbacks elsewhere), not fixed at build time, so one binary fits
+ * the machine it runs on; see packed_blocking_for for the reasoning.
+ */
+#if !defined(__APPLE__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* the cache-size sysconf names under a strict -std=c11 */
+#endif
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
+#include <sys/types.h>
+#endif
+
+#include "matmul.h"
+#include "packed.h"
+
+static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* ---- which micro-kernels this CPU can run ----------------------------------------------- */
+
+int matmul_packed_variant_supported(int64_t variant) {
+    switch (variant) {
+    case PACKED_AUTO:
+    case PACKED_PORTABLE:
+        return 1;
+#if PACKED_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
+    /* libgcc's and compiler-rt's checks include XGETBV: a feature the OS does not save the
+     * registers of counts as absent. */
+    case PACKED_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case PACKED_AVX512:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f");
+#endif
+    default:
+        return 0;
+    }
+}
+
+int64_t matmul_packed_resolve_variant(int64_t variant) {
+    if (variant == PACKED_AUTO) {
+        if (matmul_packed_variant_supported(PACKED_AVX512)) return PACKED_AVX512;
+        if (matmul_packed_variant_supported(PACKED_AVX2)) return PACKED_AVX2;
+        return PACKED_PORTABLE;
+    }
+    return matmul_packed_variant_supported(variant) ? variant : -1;
+}
+
+const struct packed_kernel *packed_kernel_for(int64_t variant, size_t elem_size) {
+    const int f32 = elem_size == sizeof(float);
+    switch (matmul_packed_resolve_variant(variant)) {
+    case PACKED_PORTABLE:
+        return f32 ? &packed_portable_f32 : &packed_portable_f64;
+#if PACKED_HAVE_X86
+    case PACKED_AVX2:
+        return f32 ? &packed_avx2_f32 : &packed_avx2_f64;
+    case PACKED_AVX512:
+        return f32 ? &packed_avx512_f32 : &packed_avx512_f64;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+/* ---- cache sizes and block sizes --------------------------------------------------------- */
+
+static int64_t clamp_or(int64_t value, int64_t lo, int64_t hi, int64_t fallback) {
+    if (value <= 0) return fallback;
+    return value < lo ? lo : (value > hi ? hi : value);
+}
+
+static struct cache_sizes cache;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+/* Fallbacks are a common desktop/server core (32 KiB L1d, 512 KiB L2, 8 MiB L3); the clamps
+ * reject nonsense such as a VM reporting 0. */
+static void read_cache_sizes(void) {
+    int64_t l1 = 0, l2 = 0, l3 = 0;
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE) && defined(_SC_LEVEL3_CACHE_SIZE)
+    l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#elif defined(__APPLE__)
+    /* Apple Silicon: the performance cores' figures (perflevel0); Intel Macs: the plain keys. */
+    const char *names[3][2] = {{"hw.perflevel0.l1dcachesize", "hw.l1dcachesize"},
+                               {"hw.perflevel0.l2cachesize", "hw.l2cachesize"},
+                               {"hw.perflevel0.l3cachesize", "hw.l3cachesize"}};
+    int64_t *out[3] = {&l1, &l2, &l3};
+    for (int level = 0; level < 3; ++level)
+        for (int alt = 0; alt < 2 && *out[level] <= 0; ++alt) {
+            int64_t value = 0;
+            size_t size = sizeof value;
+            if (sysctlbyname(names[level][alt], &value, &size, NULL, 0) == 0) *out[level] = value;
+        }
+#endif
+    cache.l1 = clamp_or(l1, 16 << 10, 256 << 10, 32 << 10);
+    cache.l2 = clamp_or(l2, 128 << 10, 16 << 20, 512 << 10);
+    cache.l3 = clamp_or(l3, 0, INT64_C(1) << 32, 8 << 20);
+    if (cache.l3 < cache.l2) cache.l3 = 4 * cache.l2; /* no L3 (Apple Silicon): memory is next */
+}
+
+/* Read once per process: the calls cost microseconds, which a 64^3 product cannot spare. */
+struct cache_sizes packed_cache_sizes(void) {
+    pthread_once(&cache_once, read_cache_sizes);
+    return cache;
+}
+
+/* Goto & van de Geijn's rules, with A broadcast and B loaded as vectors:
+ *
+ * KC: the B sliver (KC x NR), reused by every micro-kernel call of loop 1, must stay in L1
+ *     while the A micro-panels (MR x KC each) stream through it. Give the sliver three
+ *     quarters of L1, leaving a quarter for the A micro-panel being read and the C tile. (Half
+ *     of L1 was measured a few per cent slower: a longer KC amortises the micro-kernel's
+ *     load/store of the C tile over more FMAs.)
+ * MC: the packed A block (MC x KC) is re-read from L2 once per B sliver (every jr); half of
+ *     L2 leaves room for the B panel lines passing through on their way to L1.
+ * NC: the packed B panel (KC x NC) is re-read from L3 once per A block (every ic); half of
+ *     L3. NC only sets how often A is re-packed (once per NC columns), so it is capped at
+ *     4096: past that the re-packing costs nothing measurable and the buffer only grows.
+ *     (packed.c narrows NC when M fits in one A block: see its loop nest.)
+ *
+ * KC must not depend on the thread count or on M and N: it fixes where the K sum is split,
+ * which is the only blocking choice that changes the result's rounding.
+ */
+struct blocking packed_blocking_for(const struct packed_kernel *k, size_t elem_size) {
+    const struct cache_sizes sizes = packed_cache_sizes();
+    const int64_t es = (int64_t)elem_size;
+    struct blocking b;
+    b.mr = k->mr;
+    b.nr = k->nr;
+    b.kc = sizes.l1 * 3 / 4 / (b.nr * es);
+    b.kc = max_i64(64, min_i64(1024, b.kc / 8 * 8));
+    b.mc = sizes.l2 / 2 / (b.kc * es);
+    b.mc = max_i64(b.mr, b.mc / b.mr * b.mr);
+    b.nc = sizes.l3 / 2 / (b.kc * es);
+    b.nc = max_i64(b.nr, min_i64(4096, b.nc) / b.nr * b.nr);
+    return b;
+}
+
+int matmul_packed_blocking(int64_t variant, int64_t elem_size, int64_t *sizes) {
+    if (elem_size != sizeof(float) && elem_size != sizeof(double)) return PACKED_ERR_ARGUMENT;
+    const struct packed_kernel *k = packed_kernel_for(variant, (size_t)elem_size);
+    if (!k) return PACKED_ERR_VARIANT;
+    const struct blocking b = packed_blocking_for(k, (size_t)elem_size);
+    const struct cache_sizes c = packed_cache_sizes();
+    const int64_t values[8] = {b.mr, b.nr, b.kc, b.mc, b.nc, c.l1, c.l2, c.l3};
+    memcpy(sizes, values, sizeof values);
+    return PACKED_OK;
+}

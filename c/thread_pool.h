@@ -1,0 +1,23 @@
+/* A persistent pool of worker threads for the packed matmul (thread_pool.c).
+ *
+ * pool_run(parts, task, context) runs task(context, part) for part = 0 .. parts-1, each on its
+ * own thread (part 0 on the caller's), and returns when all have finished. The workers are
+ * created on first use and parked between calls, so a call costs a wake-up (microseconds)
+ * instead of a thread creation (tens of microseconds each), which is what lets threads pay
+ * from 256^3 products.
+ *
+ * Safe to call from several threads at once: one caller at a time gets the workers, and a
+ * caller that finds them busy runs its parts itself, one after another (slower, never wrong:
+ * the parts of one call write disjoint data). Safe across fork(): the child starts with no
+ * workers and makes its own.
+ */
+#ifndef MATMUL_THREAD_POOL_H
+#define MATMUL_THREAD_POOL_H
+
+#include <stdint.h>
+
+typedef void (*pool_task_fn)(void *context, int64_t part);
+
+void pool_run(int64_t parts, pool_task_fn task, void *context);
+
+#endif

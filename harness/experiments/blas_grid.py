@@ -1,0 +1,260 @@
+"""c.packed against the BLAS across the shape space, through the call a user makes.
+
+``python -m harness blas-grid`` times ``harness.get("c.packed", threads=t)(a, b)`` (the
+public call: validation, allocation and all), NumPy's ``a @ b`` (OpenBLAS, pinned to t
+threads) and BLIS's own gemm on every shape of the grid below, float32 and float64, on 1 and
+2 threads, and prints c.packed's speed as a ratio to each (above 1 = c.packed is faster).
+
+How it is timed: the three calls of one case are interleaved, round after round (each round
+times each call for at least ``--sample-time`` seconds, in batches for the fast ones), and
+each call's time is the median over the rounds, so a burst of noise from another process
+falls on all three alike. Every c.packed product is checked against the float64 reference
+first; a wrong one is reported and not timed.
+
+BLIS comes from the ``blis`` package (cython-blis); which of BLIS's kernel sets it chose for
+this CPU (``bli_arch_string``) is recorded, because on some CPUs it runs generic reference
+code. It runs one thread whatever is asked, so its 2-thread column is still one thread.
+"""
+from __future__ import annotations
+
+import ctypes
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .. import machine
+from ..checking import check, reference
+from ..compare import blas_limits
+from ..core import Matmul
+from ..inputs import Shape, make_inputs, parse_shape
+from ..registry import lookup
+
+NAME = "blas-grid"
+TITLE = "c.packed against NumPy's BLAS and BLIS on the whole shape grid, 1 and 2 threads"
+DURATION = "about 4 minutes"  # on a 2-core machine, said before it starts
+
+# The grid: squares, a ragged cube, GEMV (M = 1), matrix-vector (N = 1), small M, small K.
+SHAPES = (
+    "128", "256", "512", "1024", "2048", "4096",
+    "1023x1025x1027",
+    "1x4096x4096", "1x8192x8192", "4096x1x4096",
+    "8x4096x4096", "16x4096x4096", "64x4096x4096",
+    "4096x4096x16", "4096x4096x64",
+)
+TWO_THREADS_ONLY = {"4096"}  # 4096^3 takes seconds a call on one thread; the grid skips it there
+SMALL_SHAPE = "64"  # the call-overhead case, with its own target
+
+TARGET_MIN = 0.9      # c.packed / NumPy on every shape
+TARGET_MEDIAN = 1.0   # on the median shape
+TARGET_SMALL = 0.7    # at 64^3
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), metavar="SHAPE",
+                        help="shapes, N or MxNxK (default: the grid)")
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="thread counts (default 1 2)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
+    parser.add_argument("--sample-time", type=float, default=0.05,
+                        help="seconds each call is timed for in one round (default 0.05)")
+
+
+def blis_kernel() -> str | None:
+    """The kernel set BLIS chose for this CPU (haswell, skx, zen3, generic...), or None
+    without the blis package."""
+    try:
+        import blis.cy
+    except ImportError:
+        return None
+    library = ctypes.CDLL(blis.cy.__file__)
+    library.bli_arch_string.restype = ctypes.c_char_p
+    library.bli_arch_query_id.restype = ctypes.c_int
+    return library.bli_arch_string(library.bli_arch_query_id()).decode()
+
+
+def _blis_call(a: np.ndarray, b: np.ndarray):
+    try:
+        import blis.py
+    except ImportError:
+        return None
+    return lambda: blis.py.gemm(a, b)
+
+
+def _sample(call, sample_time: float) -> float:
+    """Seconds per call: a batch of calls long enough to be timed at ``sample_time``."""
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    batch = max(1, int(sample_time / max(first, 1e-7)))
+    start = time.perf_counter()
+    for _ in range(batch):
+        call()
+    return (time.perf_counter() - start) / batch
+
+
+def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_time: float) -> dict:
+    a, b = make_inputs(shape, dtype)
+    packed = Matmul(lookup("c.packed"), threads=threads)
+    outcome = check(packed(a, b), a, b, reference(a, b))
+    entry = {"shape": str(shape), "dtype": dtype, "threads": threads}
+    if not outcome.passed:
+        return {**entry, "skipped": f"c.packed FAILED its check: {outcome.message}"}
+    calls = {"c.packed": lambda: packed(a, b), "numpy": lambda: a @ b}
+    blis_call = _blis_call(a, b)
+    if blis_call:
+        calls["blis"] = blis_call
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    with blas_limits(threads):
+        for _ in range(rounds):
+            for name, call in calls.items():
+                samples[name].append(_sample(call, sample_time))
+    seconds = {name: statistics.median(values) for name, values in samples.items()}
+    gflops = {name: shape.flops / s / 1e9 for name, s in seconds.items()}
+    return {
+        **entry, "seconds": seconds, "gflops": gflops,
+        "vs_numpy": seconds["numpy"] / seconds["c.packed"],
+        "vs_blis": seconds["blis"] / seconds["c.packed"] if "blis" in seconds else None,
+    }
+
+
+def verdict(rows: list[dict]) -> dict:
+    """The issue's targets, judged on the measured rows (the 64^3 row judged on its own)."""
+    grid = [r for r in rows if "vs_numpy" in r and r["shape"] != str(parse_shape(SMALL_SHAPE))]
+    small = [r for r in rows if "vs_numpy" in r and r["shape"] == str(parse_shape(SMALL_SHAPE))]
+    if not grid:
+        return {}
+    ratios = [r["vs_numpy"] for r in grid]
+    blis = [r["vs_blis"] for r in grid if r["vs_blis"] is not None]
+    worst = min(grid, key=lambda r: r["vs_numpy"])
+    result = {
+        "min_vs_numpy": min(ratios), "worst_case": f"{worst['shape']} {worst['dtype']} {worst['threads']}t",
+        "median_vs_numpy": statistics.median(ratios),
+        "min_vs_blis": min(blis) if blis else None,
+        "below_min": [f"{r['shape']} {r['dtype']} {r['threads']}t: {r['vs_numpy']:.2f}" for r in grid if r["vs_numpy"] < TARGET_MIN],
+    }
+    result["small_vs_numpy"] = min((r["vs_numpy"] for r in small), default=None)
+    return result
+
+
+def run(out_dir, shapes: Sequence[str] = SHAPES, threads: Sequence[int] = (1, 2),
+        dtypes: Sequence[str] = ("float32", "float64"), rounds: int = 5, sample_time: float = 0.05,
+        progress=None) -> dict:
+    from .common import write
+
+    if progress is None and sys.stderr.isatty():
+        progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    parsed = [parse_shape(s) for s in shapes]
+    if SMALL_SHAPE not in shapes and list(shapes) == list(SHAPES):
+        parsed.insert(0, parse_shape(SMALL_SHAPE))
+    rows = []
+    for t in threads:
+        for dtype in dtypes:
+            for shape in parsed:
+                if t == 1 and str(shape) in {str(parse_shape(s)) for s in TWO_THREADS_ONLY} and len(parsed) > 1:
+                    continue
+                row = measure_case(shape, dtype, t, rounds, sample_time)
+                rows.append(row)
+                if progress:
+                    progress(_row_line(row))
+    data = {
+        "description": TITLE,
+        "blis_kernel": blis_kernel(),
+        "rounds": rounds, "sample_time": sample_time,
+        "targets": {"min_vs_numpy": TARGET_MIN, "median_vs_numpy": TARGET_MEDIAN, "at_64_vs_numpy": TARGET_SMALL},
+        "rows": rows,
+        "verdict": verdict(rows),
+    }
+    data = write(out_dir, NAME, data, _figure(data))
+    print(table(data), flush=True)
+    return data
+
+
+def _row_line(row: dict) -> str:
+    if "skipped" in row:
+        return f"{row['shape']:>16} {row['dtype']} {row['threads']}t: {row['skipped']}"
+    blis = f"{row['vs_blis']:5.2f}x BLIS" if row["vs_blis"] is not None else ""
+    return (f"{row['shape']:>16} {row['dtype']} {row['threads']}t: {row['gflops']['c.packed']:7.1f} GFLOP/s, "
+            f"{row['vs_numpy']:5.2f}x NumPy {blis}")
+
+
+def table(data: dict) -> str:
+    """Ratios c.packed / NumPy (and / BLIS), one row per shape, one column per dtype and
+    thread count; fits 80 columns."""
+    rows = data["rows"]
+    columns = sorted({(r["dtype"], r["threads"]) for r in rows}, key=lambda c: (c[0], c[1]))
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    by_key = {(r["shape"], r["dtype"], r["threads"]): r for r in rows}
+    heads = [f"{'f32' if d == 'float32' else 'f64'} {t}t" for d, t in columns]
+    lines = ["c.packed speed / NumPy's (/ BLIS's); above 1 = c.packed faster",
+             f"{'shape (MxNxK)':<16}" + "".join(f"{h:>15}" for h in heads)]
+    for shape in shapes:
+        cells = []
+        for d, t in columns:
+            r = by_key.get((shape, d, t))
+            if r is None:
+                cells.append("-")
+            elif "skipped" in r:
+                cells.append("FAILED")
+            else:
+                blis = f"/{r['vs_blis']:.2f}" if r["vs_blis"] is not None else ""
+                cells.append(f"{r['vs_numpy']:.2f}{blis}")
+        lines.append(f"{shape:<16}" + "".join(f"{c:>15}" for c in cells))
+    return "\n".join(lines)
+
+
+def summarize(data: dict) -> str:
+    v = data.get("verdict") or {}
+    text = ["```", table(data), "```", ""]
+    if v:
+        text.append(
+            f"Worst shape {v['worst_case']} at {v['min_vs_numpy']:.2f}x NumPy (target {TARGET_MIN}); median "
+            f"{v['median_vs_numpy']:.2f}x (target {TARGET_MEDIAN}); least against BLIS "
+            + (f"{v['min_vs_blis']:.2f}x" if v["min_vs_blis"] is not None else "not measured")
+            + (f"; 64^3 {v['small_vs_numpy']:.2f}x (target {TARGET_SMALL})" if v.get("small_vs_numpy") else "")
+            + f". BLIS kernel set: {data['blis_kernel'] or 'BLIS not installed'}."
+        )
+    return "\n".join(text)
+
+
+def findings(data: dict) -> list[str]:
+    """The verdict on the targets (run() prints the whole table)."""
+    v = data.get("verdict") or {}
+    if not v:
+        return ["nothing measured"]
+    lines = [f"worst {v['min_vs_numpy']:.2f}x NumPy ({v['worst_case']}), median {v['median_vs_numpy']:.2f}x; "
+             f"least against BLIS ({data['blis_kernel'] or 'not installed'}): "
+             + (f"{v['min_vs_blis']:.2f}x" if v["min_vs_blis"] is not None else "not measured")]
+    if v.get("small_vs_numpy") is not None:
+        lines.append(f"64^3 through the public call: {v['small_vs_numpy']:.2f}x NumPy")
+    if v["below_min"]:
+        lines.append(f"{len(v['below_min'])} case(s) below {TARGET_MIN}x NumPy")
+    return lines
+
+
+def _figure(data: dict):
+    from .common import pyplot
+
+    plt = pyplot()
+    rows = [r for r in data["rows"] if "vs_numpy" in r]
+    shapes = list(dict.fromkeys(r["shape"] for r in data["rows"]))
+    figure, ax = plt.subplots(figsize=(10, 4.8))
+    styles = {("float32", 1): ("o", "tab:blue"), ("float32", 2): ("o", "tab:orange"),
+              ("float64", 1): ("s", "tab:blue"), ("float64", 2): ("s", "tab:orange")}
+    for (dtype, threads), (marker, colour) in styles.items():
+        points = [(shapes.index(r["shape"]), r["vs_numpy"]) for r in rows if (r["dtype"], r["threads"]) == (dtype, threads)]
+        if points:
+            xs, ys = zip(*points)
+            ax.scatter(xs, ys, marker=marker, color=colour, label=f"{dtype}, {threads} thread{'s' * (threads > 1)}",
+                       facecolors="none" if dtype == "float64" else colour)
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.axhline(TARGET_MIN, color="grey", linestyle="--", linewidth=1, label=f"{TARGET_MIN}x (the floor)")
+    ax.set_xticks(range(len(shapes)), shapes, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("c.packed speed / NumPy's (OpenBLAS)")
+    ax.set_title(f"c.packed through harness.get(...)(a, b) against NumPy, {machine.cpu_model()}", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return figure
