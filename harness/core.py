@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Mapping, Protocol
 
 import numpy as np
@@ -112,6 +113,7 @@ def problem_bytes(shape: Shape, dtype_label: str) -> int:
     return (m * k + k * n + m * n) * itemsize + 8 * (2 * m * n + 2 * (m * k + k * n))
 
 
+@lru_cache(maxsize=1)
 def physical_memory_bytes() -> int | None:
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -198,8 +200,14 @@ def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) 
     if a.dtype != b.dtype:
         raise MatmulInputError(f"A and B must have the same dtype, got {dtype_name(a.dtype)} and {dtype_name(b.dtype)}")
     check_problem(impl, Shape(a.shape[0], b.shape[1], a.shape[1]), a.dtype, allow_slow)
-    return (np.require(a, requirements=["C_CONTIGUOUS", "ALIGNED"]),
-            np.require(b, requirements=["C_CONTIGUOUS", "ALIGNED"]))
+    return _contiguous_aligned(a), _contiguous_aligned(b)
+
+
+def _contiguous_aligned(x: np.ndarray) -> np.ndarray:
+    flags = x.flags
+    if flags.c_contiguous and flags.aligned:
+        return x  # the common case, without np.require's argument parsing
+    return np.require(x, requirements=["C_CONTIGUOUS", "ALIGNED"])
 
 
 def check_result(impl: Implementation, result, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -65,8 +65,16 @@ def shape_argument(text: str) -> Shape:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+_NAMES_OF_DTYPES: dict = {}  # np.dtype -> name: dtype.name is computed in Python on every access
+
+
 def dtype_name(dtype) -> str:
     """Canonical name of a dtype: float32, float64, float16 or bfloat16."""
+    if isinstance(dtype, np.dtype):
+        name = _NAMES_OF_DTYPES.get(dtype)
+        if name is None:
+            name = _NAMES_OF_DTYPES.setdefault(dtype, dtype.name)
+        return name
     if isinstance(dtype, str) and dtype in ("bf16", "bfloat16"):
         return "bfloat16"
     aliases = {"fp32": "float32", "fp64": "float64", "fp16": "float16", "half": "float16"}
