@@ -30,6 +30,11 @@ int matmul_blocked_f64(const double *A, const double *B, double *C, int64_t M, i
  * allocated, 3 for a negative dimension. The result is the same for every thread count. */
 int matmul_packed_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K, int64_t threads, int64_t variant);
 int matmul_packed_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K, int64_t threads, int64_t variant);
+/* The same, through a chosen path (packed.c): 0 = by shape (what matmul_packed does), 1 = the
+ * vector path (M = 1 or N = 1 only; else returns 4), 2 = direct (no packing), 3 = the packed
+ * loop nest. For comparing the paths on one shape; every path gives a correct product. */
+int matmul_packed_path_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K, int64_t threads, int64_t variant, int64_t path);
+int matmul_packed_path_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K, int64_t threads, int64_t variant, int64_t path);
 /* 1 if this CPU and build can run the variant, else 0. */
 int matmul_packed_variant_supported(int64_t variant);
 /* The variant that `variant` runs as (auto resolved), or -1 if it cannot run here. */

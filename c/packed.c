@@ -210,6 +210,77 @@ static void pack_b(const real *B, int64_t N, int64_t j0, int64_t nc, int64_t p0,
     }
 }
 
+/* ---- cutting C into one block per thread -------------------------------------------------- */
+
+/* C as a grid of tm x tn blocks, cut at whole MR x NR micro-tiles, one block per part. */
+struct tile_grid {
+    int64_t M, N, mr, nr;
+    int64_t units_m, units_n; /* micro-tiles along M and N */
+    int64_t tm, tn;           /* blocks along M and N */
+};
+
+/* Choose tm x tn blocks (tm * tn <= threads): fewest tiles on the busiest thread first (load
+ * balance), then the squarest blocks, which pack the least: a thread packs (its rows + its
+ * columns) x K. */
+static struct tile_grid make_grid(int64_t M, int64_t N, int64_t mr, int64_t nr, int64_t threads, double fmas) {
+    struct tile_grid g = {M, N, mr, nr, (M + mr - 1) / mr, (N + nr - 1) / nr, 1, 1};
+    threads = threads_for(threads, fmas, g.units_m * g.units_n);
+    int64_t best_load = g.units_m * g.units_n, best_edge = g.units_m * mr + g.units_n * nr;
+    for (int64_t tm = 1; tm <= threads && tm <= g.units_m; ++tm) {
+        const int64_t tn = min_i64(threads / tm, g.units_n);
+        const int64_t rows = (g.units_m + tm - 1) / tm, cols = (g.units_n + tn - 1) / tn;
+        const int64_t load = rows * cols, edge = rows * mr + cols * nr;
+        if (load < best_load || (load == best_load && edge < best_edge)) {
+            g.tm = tm, g.tn = tn, best_load = load, best_edge = edge;
+        }
+    }
+    return g;
+}
+
+/* The rows [m0, m1) and columns [n0, n1) of C that block `part` covers: only the last block
+ * of a row or column of blocks has edge tiles. */
+static void grid_block(const struct tile_grid *g, int64_t part, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1) {
+    const int64_t bm = part / g->tn, bn = part % g->tn;
+    *m0 = min_i64(g->M, g->units_m * bm / g->tm * g->mr);
+    *m1 = min_i64(g->M, g->units_m * (bm + 1) / g->tm * g->mr);
+    *n0 = min_i64(g->N, g->units_n * bn / g->tn * g->nr);
+    *n1 = min_i64(g->N, g->units_n * (bn + 1) / g->tn * g->nr);
+}
+
+/* ---- small B: the direct nest, no packing ------------------------------------------------- */
+
+struct direct_job {
+    const real *A, *B;
+    real *C;
+    int64_t K;
+    const struct packed_kernel *kernel;
+    struct tile_grid grid;
+};
+
+/* One block of C, row strip by row strip, each strip left to right: the MR rows of A being
+ * used stay in L1, B (small enough, by the path's condition) stays in L2, and C is written
+ * row-contiguously, a whole strip at a time, which is what makes small-K problems (where
+ * writing C is most of the work) fast. */
+static void direct_task(void *context, int64_t part) {
+    const struct direct_job *job = context;
+    const struct packed_kernel *kernel = job->kernel;
+    const int64_t N = job->grid.N, K = job->K;
+    int64_t m0, m1, n0, n1;
+    grid_block(&job->grid, part, &m0, &m1, &n0, &n1);
+    for (int64_t ir = m0; ir < m1; ir += kernel->mr)
+        for (int64_t jr = n0; jr < n1; jr += kernel->nr)
+            kernel->direct(K, job->A + ir * K, K, job->B + jr, N, job->C + ir * N + jr, N,
+                           min_i64(kernel->mr, m1 - ir), min_i64(kernel->nr, n1 - jr));
+}
+
+static int direct_nest(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K, int64_t threads,
+                       const struct packed_kernel *kernel) {
+    struct direct_job job = {A, B, C, K, kernel,
+                             make_grid(M, N, kernel->mr, kernel->nr, threads, (double)M * (double)N * (double)K)};
+    pool_run(job.grid.tm * job.grid.tn, direct_task, &job);
+    return PACKED_OK;
+}
+
 /* ---- the loop nest, on one block of C ------------------------------------------------------ */
 
 struct nest_job {
@@ -218,8 +289,7 @@ struct nest_job {
     int64_t M, N, K;
     const struct packed_kernel *kernel;
     struct blocking blk;
-    int64_t tm, tn;                /* the grid of blocks, one per part */
-    int64_t units_m, units_n;      /* micro-tiles along M and N */
+    struct tile_grid grid;
     size_t a_bytes, b_bytes;       /* pack buffer sizes of one part */
     int failed;                    /* set by a part whose buffers could not be allocated */
 };
@@ -290,12 +360,8 @@ static void run_block(const struct nest_job *job, int64_t m0, int64_t m1, int64_
 
 static void nest_task(void *context, int64_t part) {
     struct nest_job *job = context;
-    const int64_t bm = part / job->tn, bn = part % job->tn;
-    /* Cut at whole micro-tiles, so only the last block of a row or column has edge tiles. */
-    const int64_t m0 = min_i64(job->M, job->units_m * bm / job->tm * job->blk.mr);
-    const int64_t m1 = min_i64(job->M, job->units_m * (bm + 1) / job->tm * job->blk.mr);
-    const int64_t n0 = min_i64(job->N, job->units_n * bn / job->tn * job->blk.nr);
-    const int64_t n1 = min_i64(job->N, job->units_n * (bn + 1) / job->tn * job->blk.nr);
+    int64_t m0, m1, n0, n1;
+    grid_block(&job->grid, part, &m0, &m1, &n0, &n1);
     const size_t a_step = (size_t)round_up((int64_t)job->a_bytes, PACK_ALIGNMENT);
     char *buffers = thread_pack_buffer(a_step + job->b_bytes);
     if (!buffers) {
@@ -305,35 +371,13 @@ static void nest_task(void *context, int64_t part) {
     run_block(job, m0, m1, n0, n1, (real *)buffers, (real *)(buffers + a_step));
 }
 
-/* Choose tm x tn blocks (tm * tn <= threads) over units_m x units_n micro-tiles: fewest
- * tiles on the busiest thread first (load balance), then the squarest blocks, which pack the
- * least: a thread packs (its rows + its columns) x K. */
-static void choose_grid(int64_t threads, int64_t units_m, int64_t units_n, int64_t mr, int64_t nr,
-                        int64_t *tm_out, int64_t *tn_out) {
-    int64_t best_tm = 1, best_tn = 1, best_load = units_m * units_n, best_edge = units_m * mr + units_n * nr;
-    for (int64_t tm = 1; tm <= threads && tm <= units_m; ++tm) {
-        const int64_t tn = min_i64(threads / tm, units_n);
-        const int64_t rows = (units_m + tm - 1) / tm, cols = (units_n + tn - 1) / tn;
-        const int64_t load = rows * cols, edge = rows * mr + cols * nr;
-        if (load < best_load || (load == best_load && edge < best_edge)) {
-            best_tm = tm, best_tn = tn, best_load = load, best_edge = edge;
-        }
-    }
-    *tm_out = best_tm;
-    *tn_out = best_tn;
-}
-
 static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K, int64_t threads,
                      const struct packed_kernel *kernel) {
-    struct nest_job job = {A, B, C, M, N, K, kernel, packed_blocking_for(kernel, sizeof(real)), 1, 1, 0, 0, 0, 0, 0};
-    job.units_m = (M + job.blk.mr - 1) / job.blk.mr;
-    job.units_n = (N + job.blk.nr - 1) / job.blk.nr;
-    const double fmas = (double)M * (double)N * (double)K;
-    threads = threads_for(threads, fmas, job.units_m * job.units_n);
-    choose_grid(threads, job.units_m, job.units_n, job.blk.mr, job.blk.nr, &job.tm, &job.tn);
-
-    const int64_t block_m = (job.units_m + job.tm - 1) / job.tm * job.blk.mr;
-    const int64_t block_n = (job.units_n + job.tn - 1) / job.tn * job.blk.nr;
+    struct nest_job job = {A, B, C, M, N, K, kernel, packed_blocking_for(kernel, sizeof(real)),
+                           make_grid(M, N, kernel->mr, kernel->nr, threads, (double)M * (double)N * (double)K), 0, 0, 0};
+    const struct tile_grid *g = &job.grid;
+    const int64_t block_m = (g->units_m + g->tm - 1) / g->tm * g->mr;
+    const int64_t block_n = (g->units_n + g->tn - 1) / g->tn * g->nr;
     if (block_m <= job.blk.mc) {
         /* One A block per thread: each B panel is used by that block alone and can be sized
          * to stay in L2 (half of it, beside the A block) rather than L3. */
@@ -343,23 +387,34 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
     }
     job.a_bytes = (size_t)(round_up(min_i64(job.blk.mc, block_m), job.blk.mr) * job.blk.kc) * sizeof(real);
     job.b_bytes = (size_t)(round_up(min_i64(job.blk.nc, block_n), job.blk.nr) * job.blk.kc) * sizeof(real);
-    pool_run(job.tm * job.tn, nest_task, &job);
+    pool_run(g->tm * g->tn, nest_task, &job);
     return job.failed ? PACKED_ERR_MEMORY : PACKED_OK;
 }
 
 /* ---- the public call: choose the path ------------------------------------------------------ */
 
-int TYPED(matmul_packed)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K, int64_t threads,
-                         int64_t variant) {
-    if (M < 0 || N < 0 || K < 0) return PACKED_ERR_ARGUMENT;
+int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K,
+                              int64_t threads, int64_t variant, int64_t path) {
+    if (M < 0 || N < 0 || K < 0 || path < PACKED_PATH_AUTO || path > PACKED_PATH_NEST) return PACKED_ERR_ARGUMENT;
     const struct packed_kernel *kernel = packed_kernel_for(variant, sizeof(real));
     if (!kernel) return PACKED_ERR_VARIANT;
+    const int vector_shape = M == 1 || N == 1;
+    if (path == PACKED_PATH_VECTOR && !vector_shape) return PACKED_ERR_PATH;
     if (M == 0 || N == 0) return PACKED_OK;
     if (K == 0) { /* an empty sum: C = 0, as NumPy gives */
         memset(C, 0, (size_t)M * (size_t)N * sizeof(real));
         return PACKED_OK;
     }
-    if (M == 1 || N == 1) {
+    if (path == PACKED_PATH_AUTO) {
+        if (vector_shape)
+            path = PACKED_PATH_VECTOR;
+        else if (K * N * (int64_t)sizeof(real) <= packed_cache_sizes().l2 / 2)
+            path = PACKED_PATH_DIRECT; /* B stays in L2: packing it would only add a copy */
+        else
+            path = PACKED_PATH_NEST;
+    }
+    switch (path) {
+    case PACKED_PATH_VECTOR: {
         /* GEMV: one vector and one matrix (for M = N = 1, a dot product: the N = 1 path). */
         struct vector_job job = {A, B, C, M, N, K, 1, 1};
         const int64_t length = N == 1 ? M : N;
@@ -368,5 +423,14 @@ int TYPED(matmul_packed)(const real *A, const real *B, real *C, int64_t M, int64
         pool_run(job.parts, vector_task, &job);
         return PACKED_OK;
     }
-    return loop_nest(A, B, C, M, N, K, threads, kernel);
+    case PACKED_PATH_DIRECT:
+        return direct_nest(A, B, C, M, N, K, threads, kernel);
+    default:
+        return loop_nest(A, B, C, M, N, K, threads, kernel);
+    }
+}
+
+int TYPED(matmul_packed)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K, int64_t threads,
+                         int64_t variant) {
+    return TYPED(matmul_packed_path)(A, B, C, M, N, K, threads, variant, PACKED_PATH_AUTO);
 }

@@ -43,15 +43,33 @@ enum packed_status {
     PACKED_OK = 0,
     PACKED_ERR_VARIANT = 1,  /* unknown variant, or one this CPU (or this build) cannot run */
     PACKED_ERR_MEMORY = 2,   /* the pack buffers could not be allocated */
-    PACKED_ERR_ARGUMENT = 3, /* a negative dimension */
+    PACKED_ERR_ARGUMENT = 3, /* a negative dimension, or an unknown path */
+    PACKED_ERR_PATH = 4,     /* the vector path asked for a shape with neither M = 1 nor N = 1 */
+};
+
+/* The paths of matmul_packed_path_f32 / _f64 (matmul.h; packed.c says which shape takes
+ * which): 0 chooses by shape. */
+enum packed_path {
+    PACKED_PATH_AUTO = 0,
+    PACKED_PATH_VECTOR = 1,
+    PACKED_PATH_DIRECT = 2,
+    PACKED_PATH_NEST = 3,
 };
 
 typedef void (*packed_kernel_fn)(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc,
                                  int64_t m, int64_t n, int accumulate);
 
+/* The direct kernel: the same MR x NR register tile, reading A (m x k, row stride lda) and
+ * B (k x n, row stride ldb) where they lie, no packing; C = A B for its m x n tile (m <= MR,
+ * n <= NR), nothing outside the matrices read or written. For problems so small that
+ * packing costs more than it saves (packed.c: direct_nest). */
+typedef void (*packed_direct_fn)(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
+                                 int64_t ldc, int64_t m, int64_t n);
+
 struct packed_kernel {
     int mr, nr;            /* the register tile of C */
     packed_kernel_fn run;
+    packed_direct_fn direct;
 };
 
 /* packed_portable.c: plain C, compiles for any target. */

@@ -98,6 +98,70 @@ AVX2 static void kernel_f32(int64_t kc, const void *Ap, const void *Bp, void *C,
     }
 }
 
+/* The direct tile (float): the same register tile, reading A and B where they lie instead of
+ * from packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
+ * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb.
+ * A full-width tile uses plain loads and stores; an edge tile (`full` 0) masks the columns
+ * past n off in every load and store, so no byte outside the matrices is touched. C = the
+ * tile (never accumulated: the direct path takes K whole). */
+AVX2 static inline __attribute__((always_inline)) void direct_tile_f32(const int rows, const int full, int64_t k,
+                                                                     const float *A, int64_t lda, const float *B,
+                                                                     int64_t ldb, float *C, int64_t ldc, int64_t n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane);
+    const __m256i mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n - 8), lane);
+    __m256 c[MR_S][NV_S];
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV_S; ++v) c[i][v] = _mm256_setzero_ps();
+
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < k; ++p) {
+        const float *b = B + p * ldb;
+        const __m256 b0 = full ? _mm256_loadu_ps(b) : _mm256_maskload_ps(b, mask0);
+        const __m256 b1 = full ? _mm256_loadu_ps(b + 8) : _mm256_maskload_ps(b + 8, mask1);
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
+            const __m256 ai = _mm256_broadcast_ss(A + i * lda + p);
+            c[i][0] = _mm256_fmadd_ps(ai, b0, c[i][0]);
+            c[i][1] = _mm256_fmadd_ps(ai, b1, c[i][1]);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i) {
+        if (full) {
+            _mm256_storeu_ps(C + i * ldc, c[i][0]);
+            _mm256_storeu_ps(C + i * ldc + 8, c[i][1]);
+        } else {
+            _mm256_maskstore_ps(C + i * ldc, mask0, c[i][0]);
+            _mm256_maskstore_ps(C + i * ldc + 8, mask1, c[i][1]);
+        }
+    }
+}
+
+AVX2 static inline __attribute__((always_inline)) void direct_rows_f32(const int full, int64_t k, const void *A,
+                                                                     int64_t lda, const void *B, int64_t ldb,
+                                                                     void *C, int64_t ldc, int64_t m, int64_t n) {
+    switch (m) {
+    case 6: direct_tile_f32(6, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 5: direct_tile_f32(5, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 4: direct_tile_f32(4, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 3: direct_tile_f32(3, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 2: direct_tile_f32(2, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 1: direct_tile_f32(1, full, k, A, lda, B, ldb, C, ldc, n); break;
+    }
+}
+
+/* The direct kernel: one instance per row count and per full or edge width. */
+AVX2 static void direct_f32(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+                            int64_t m, int64_t n) {
+    if (n == NR_S)
+        direct_rows_f32(1, k, A, lda, B, ldb, C, ldc, m, n);
+    else
+        direct_rows_f32(0, k, A, lda, B, ldb, C, ldc, m, n);
+}
+
 /* One tile of `rows` x NR_D (double). Always inlined into kernel_f64 with `rows` a constant, so
  * every loop over the accumulators unrolls fully and the array lives in registers. */
 AVX2 static inline __attribute__((always_inline)) void tile_f64(const int rows, int64_t kc,
@@ -170,7 +234,71 @@ AVX2 static void kernel_f64(int64_t kc, const void *Ap, const void *Bp, void *C,
     }
 }
 
-const struct packed_kernel packed_avx2_f32 = {MR_S, NR_S, kernel_f32};
-const struct packed_kernel packed_avx2_f64 = {MR_D, NR_D, kernel_f64};
+/* The direct tile (double): the same register tile, reading A and B where they lie instead of
+ * from packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
+ * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb.
+ * A full-width tile uses plain loads and stores; an edge tile (`full` 0) masks the columns
+ * past n off in every load and store, so no byte outside the matrices is touched. C = the
+ * tile (never accumulated: the direct path takes K whole). */
+AVX2 static inline __attribute__((always_inline)) void direct_tile_f64(const int rows, const int full, int64_t k,
+                                                                     const double *A, int64_t lda, const double *B,
+                                                                     int64_t ldb, double *C, int64_t ldc, int64_t n) {
+    const __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
+    const __m256i mask0 = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), lane);
+    const __m256i mask1 = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n - 4), lane);
+    __m256d c[MR_D][NV_D];
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV_D; ++v) c[i][v] = _mm256_setzero_pd();
+
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < k; ++p) {
+        const double *b = B + p * ldb;
+        const __m256d b0 = full ? _mm256_loadu_pd(b) : _mm256_maskload_pd(b, mask0);
+        const __m256d b1 = full ? _mm256_loadu_pd(b + 4) : _mm256_maskload_pd(b + 4, mask1);
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
+            const __m256d ai = _mm256_broadcast_sd(A + i * lda + p);
+            c[i][0] = _mm256_fmadd_pd(ai, b0, c[i][0]);
+            c[i][1] = _mm256_fmadd_pd(ai, b1, c[i][1]);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i) {
+        if (full) {
+            _mm256_storeu_pd(C + i * ldc, c[i][0]);
+            _mm256_storeu_pd(C + i * ldc + 4, c[i][1]);
+        } else {
+            _mm256_maskstore_pd(C + i * ldc, mask0, c[i][0]);
+            _mm256_maskstore_pd(C + i * ldc + 4, mask1, c[i][1]);
+        }
+    }
+}
+
+AVX2 static inline __attribute__((always_inline)) void direct_rows_f64(const int full, int64_t k, const void *A,
+                                                                     int64_t lda, const void *B, int64_t ldb,
+                                                                     void *C, int64_t ldc, int64_t m, int64_t n) {
+    switch (m) {
+    case 6: direct_tile_f64(6, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 5: direct_tile_f64(5, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 4: direct_tile_f64(4, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 3: direct_tile_f64(3, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 2: direct_tile_f64(2, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 1: direct_tile_f64(1, full, k, A, lda, B, ldb, C, ldc, n); break;
+    }
+}
+
+/* The direct kernel: one instance per row count and per full or edge width. */
+AVX2 static void direct_f64(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+                            int64_t m, int64_t n) {
+    if (n == NR_D)
+        direct_rows_f64(1, k, A, lda, B, ldb, C, ldc, m, n);
+    else
+        direct_rows_f64(0, k, A, lda, B, ldb, C, ldc, m, n);
+}
+
+const struct packed_kernel packed_avx2_f32 = {MR_S, NR_S, kernel_f32, direct_f32};
+const struct packed_kernel packed_avx2_f64 = {MR_D, NR_D, kernel_f64, direct_f64};
 
 #endif

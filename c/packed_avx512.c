@@ -104,6 +104,60 @@ AVX512 static void kernel_f32(int64_t kc, const void *Ap, const void *Bp, void *
     }
 }
 
+/* The direct tile (float): the same register tile, reading A and B where they lie instead of
+ * from packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
+ * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb,
+ * and the columns past n are masked off in every load and store, so no byte outside the
+ * matrices is touched. C = the tile (never accumulated: the direct path takes K whole). */
+AVX512 static inline __attribute__((always_inline)) void direct_tile_f32(const int rows, int64_t k, const float *A,
+                                                                       int64_t lda, const float *B, int64_t ldb,
+                                                                       float *C, int64_t ldc, int64_t n) {
+    const __mmask16 mask0 = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
+    const __mmask16 mask1 = n >= 32 ? 0xFFFF : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
+    __m512 c[MR_S][NV_S];
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV_S; ++v) c[i][v] = _mm512_setzero_ps();
+
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < k; ++p) {
+        const float *b = B + p * ldb;
+        const __m512 b0 = _mm512_maskz_loadu_ps(mask0, b), b1 = _mm512_maskz_loadu_ps(mask1, b + 16);
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
+            const __m512 ai = _mm512_set1_ps(A[i * lda + p]);
+            c[i][0] = _mm512_fmadd_ps(ai, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(ai, b1, c[i][1]);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i) {
+        _mm512_mask_storeu_ps(C + i * ldc, mask0, c[i][0]);
+        _mm512_mask_storeu_ps(C + i * ldc + 16, mask1, c[i][1]);
+    }
+}
+
+AVX512 static void direct_f32(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
+                              int64_t ldc, int64_t m, int64_t n) {
+    switch (m) {
+    case 14: direct_tile_f32(14, k, A, lda, B, ldb, C, ldc, n); break;
+    case 13: direct_tile_f32(13, k, A, lda, B, ldb, C, ldc, n); break;
+    case 12: direct_tile_f32(12, k, A, lda, B, ldb, C, ldc, n); break;
+    case 11: direct_tile_f32(11, k, A, lda, B, ldb, C, ldc, n); break;
+    case 10: direct_tile_f32(10, k, A, lda, B, ldb, C, ldc, n); break;
+    case 9: direct_tile_f32(9, k, A, lda, B, ldb, C, ldc, n); break;
+    case 8: direct_tile_f32(8, k, A, lda, B, ldb, C, ldc, n); break;
+    case 7: direct_tile_f32(7, k, A, lda, B, ldb, C, ldc, n); break;
+    case 6: direct_tile_f32(6, k, A, lda, B, ldb, C, ldc, n); break;
+    case 5: direct_tile_f32(5, k, A, lda, B, ldb, C, ldc, n); break;
+    case 4: direct_tile_f32(4, k, A, lda, B, ldb, C, ldc, n); break;
+    case 3: direct_tile_f32(3, k, A, lda, B, ldb, C, ldc, n); break;
+    case 2: direct_tile_f32(2, k, A, lda, B, ldb, C, ldc, n); break;
+    case 1: direct_tile_f32(1, k, A, lda, B, ldb, C, ldc, n); break;
+    }
+}
+
 /* One tile of `rows` x NR_D (double). Always inlined into kernel_f64 with `rows` a constant, so
  * every loop over the accumulators unrolls fully and the array lives in registers. */
 AVX512 static inline __attribute__((always_inline)) void tile_f64(const int rows, int64_t kc,
@@ -184,7 +238,61 @@ AVX512 static void kernel_f64(int64_t kc, const void *Ap, const void *Bp, void *
     }
 }
 
-const struct packed_kernel packed_avx512_f32 = {MR_S, NR_S, kernel_f32};
-const struct packed_kernel packed_avx512_f64 = {MR_D, NR_D, kernel_f64};
+/* The direct tile (double): the same register tile, reading A and B where they lie instead of
+ * from packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
+ * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb,
+ * and the columns past n are masked off in every load and store, so no byte outside the
+ * matrices is touched. C = the tile (never accumulated: the direct path takes K whole). */
+AVX512 static inline __attribute__((always_inline)) void direct_tile_f64(const int rows, int64_t k, const double *A,
+                                                                       int64_t lda, const double *B, int64_t ldb,
+                                                                       double *C, int64_t ldc, int64_t n) {
+    const __mmask8 mask0 = n >= 8 ? 0xFF : (__mmask8)((1u << n) - 1);
+    const __mmask8 mask1 = n >= 16 ? 0xFF : n <= 8 ? 0 : (__mmask8)((1u << (n - 8)) - 1);
+    __m512d c[MR_D][NV_D];
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i)
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV_D; ++v) c[i][v] = _mm512_setzero_pd();
+
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < k; ++p) {
+        const double *b = B + p * ldb;
+        const __m512d b0 = _mm512_maskz_loadu_pd(mask0, b), b1 = _mm512_maskz_loadu_pd(mask1, b + 8);
+        #pragma GCC unroll 16
+        for (int i = 0; i < rows; ++i) {
+            const __m512d ai = _mm512_set1_pd(A[i * lda + p]);
+            c[i][0] = _mm512_fmadd_pd(ai, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_pd(ai, b1, c[i][1]);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < rows; ++i) {
+        _mm512_mask_storeu_pd(C + i * ldc, mask0, c[i][0]);
+        _mm512_mask_storeu_pd(C + i * ldc + 8, mask1, c[i][1]);
+    }
+}
+
+AVX512 static void direct_f64(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
+                              int64_t ldc, int64_t m, int64_t n) {
+    switch (m) {
+    case 14: direct_tile_f64(14, k, A, lda, B, ldb, C, ldc, n); break;
+    case 13: direct_tile_f64(13, k, A, lda, B, ldb, C, ldc, n); break;
+    case 12: direct_tile_f64(12, k, A, lda, B, ldb, C, ldc, n); break;
+    case 11: direct_tile_f64(11, k, A, lda, B, ldb, C, ldc, n); break;
+    case 10: direct_tile_f64(10, k, A, lda, B, ldb, C, ldc, n); break;
+    case 9: direct_tile_f64(9, k, A, lda, B, ldb, C, ldc, n); break;
+    case 8: direct_tile_f64(8, k, A, lda, B, ldb, C, ldc, n); break;
+    case 7: direct_tile_f64(7, k, A, lda, B, ldb, C, ldc, n); break;
+    case 6: direct_tile_f64(6, k, A, lda, B, ldb, C, ldc, n); break;
+    case 5: direct_tile_f64(5, k, A, lda, B, ldb, C, ldc, n); break;
+    case 4: direct_tile_f64(4, k, A, lda, B, ldb, C, ldc, n); break;
+    case 3: direct_tile_f64(3, k, A, lda, B, ldb, C, ldc, n); break;
+    case 2: direct_tile_f64(2, k, A, lda, B, ldb, C, ldc, n); break;
+    case 1: direct_tile_f64(1, k, A, lda, B, ldb, C, ldc, n); break;
+    }
+}
+
+const struct packed_kernel packed_avx512_f32 = {MR_S, NR_S, kernel_f32, direct_f32};
+const struct packed_kernel packed_avx512_f64 = {MR_D, NR_D, kernel_f64, direct_f64};
 
 #endif

@@ -50,4 +50,21 @@ static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t 
     TYPED(packed_store_edge)(&c[0][0], NR, C, ldc, m, n, accumulate);
 }
 
-const struct packed_kernel TYPED(packed_portable) = {MR, NR, kernel};
+/* The direct kernel: the same tile, with each step's MR values of A and NR values of B
+ * gathered from the matrices into zero-padded local rows, so the arithmetic is the packed
+ * kernel's and nothing outside the m x k and k x n blocks is read. */
+static void direct(int64_t k, const void *A_, int64_t lda, const void *B_, int64_t ldb, void *C, int64_t ldc,
+                   int64_t m, int64_t n) {
+    const real *A = A_, *B = B_;
+    real c[MR][NR] = {{0}};
+    for (int64_t p = 0; p < k; ++p) {
+        real a[MR] = {0}, b[NR] = {0};
+        for (int64_t i = 0; i < m; ++i) a[i] = A[i * lda + p];
+        for (int64_t j = 0; j < n; ++j) b[j] = B[p * ldb + j];
+        for (int i = 0; i < MR; ++i)
+            for (int j = 0; j < NR; ++j) c[i][j] += a[i] * b[j];
+    }
+    TYPED(packed_store_edge)(&c[0][0], NR, C, ldc, m, n, 0);
+}
+
+const struct packed_kernel TYPED(packed_portable) = {MR, NR, kernel, direct};

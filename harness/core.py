@@ -102,13 +102,16 @@ def slow_allowed(allow_slow: bool | None) -> bool:
     return os.environ.get(ALLOW_SLOW_ENV, "") not in ("", "0", "false", "no")
 
 
-def problem_bytes(shape: Shape, dtype_label: str) -> int:
+def problem_bytes(shape: Shape, dtype) -> int:
     """Host memory a checked run needs: A, B and C in the dtype, the float64 reference and the
     error model's second float64 product (checking.py), and the float64 copies of A and B."""
-    try:
-        itemsize = numpy_dtype(dtype_label).itemsize
-    except TypeError:  # a dtype no implementation takes: refused elsewhere, sized as float64 here
-        itemsize = 8
+    if isinstance(dtype, np.dtype):
+        itemsize = dtype.itemsize  # the call path's case: no name lookup
+    else:
+        try:
+            itemsize = numpy_dtype(dtype).itemsize
+        except TypeError:  # a dtype no implementation takes: refused elsewhere, sized as float64 here
+            itemsize = 8
     m, n, k = shape
     return (m * k + k * n + m * n) * itemsize + 8 * (2 * m * n + 2 * (m * k + k * n))
 
@@ -132,14 +135,14 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
         raise MatmulInputError(
             f"{impl.name} needs M, N and K to be multiples of {impl.multiple_of}, got {shape} (MxNxK)"
         )
-    if shape.flops > STAND_IN_MAX_FLOPS and not slow_allowed(allow_slow) and impl.device != "cpu":
+    if impl.device != "cpu" and shape.flops > STAND_IN_MAX_FLOPS and not slow_allowed(allow_slow):
         mode = run_mode(impl)
         if mode != "native":
             raise MatmulInputError(
                 f"{impl.name} runs {mode} on the CPU here, which is checked only up to 256x256x256 "
                 f"(got {shape}); pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run it anyway"
             )
-    needed = problem_bytes(shape, name)
+    needed = problem_bytes(shape, dtype if isinstance(dtype, np.dtype) else name)
     memory = physical_memory_bytes()
     if memory and needed > memory:
         raise MatmulInputError(
@@ -166,6 +169,8 @@ def _plain_array(impl: Implementation, label: str, x) -> np.ndarray:
     subclasses (np.matrix, np.memmap) are read as the plain arrays they hold. A big-endian
     array is converted to native order: its bytes must never reach C or a GPU as they are.
     """
+    if type(x) is np.ndarray:  # the common case, checked first: the call path is timed by users
+        return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
     if isinstance(x, np.ma.MaskedArray):
         raise MatmulInputError(
             f"{impl.name}: {label} is a masked array, and masks are not honoured; pass {label}.filled(value) "
@@ -249,6 +254,7 @@ class Matmul:
             raise TypeError(f"{impl.name} takes no option {', '.join(sorted(unknown))} (its options: {', '.join(known) or 'none'})")
         self.options = {**impl.options, **options}
         self._call = None  # the backend's bound call, made on first use
+        self._fast = None  # (bound call, dtypes, max elements) for the fast path, made on first use
 
     def __repr__(self) -> str:
         return f"<matmul {self.impl.name}: {self.impl.summary}>"
@@ -272,6 +278,20 @@ class Matmul:
         return self.impl.backend.prepare(self.impl, a, b, self.options)
 
     def __call__(self, a, b) -> np.ndarray:
+        fast = self._fast if self._fast is not None else self._fast_path()
+        if fast and type(a) is np.ndarray and type(b) is np.ndarray:
+            # The common case, which users time at small sizes: plain, contiguous, aligned 2-D
+            # arrays of one supported native dtype, no dimension 0, small enough that the
+            # memory check cannot fail. It is what validate_inputs would pass unchanged, so
+            # it goes straight to the backend's bound call; anything else takes the full path.
+            call, dtypes, max_elements = fast
+            dtype = a.dtype
+            if dtype is b.dtype and dtype in dtypes and a.ndim == 2 and b.ndim == 2:
+                (m, k), (k_b, n) = a.shape, b.shape
+                if k == k_b and m and n and k and m * k + k * n + m * n <= max_elements:
+                    flags_a, flags_b = a.flags, b.flags
+                    if flags_a.c_contiguous and flags_a.aligned and flags_b.c_contiguous and flags_b.aligned:
+                        return call(a, b)
         a, b = validate_inputs(self.impl, a, b, self.allow_slow)  # once: the call path is timed by users
         if 0 not in a.shape and 0 not in b.shape:
             call = self._bound_call()
@@ -280,6 +300,28 @@ class Matmul:
         prepared = self._prepare_validated(a, b)
         prepared.run()
         return check_result(self.impl, prepared.result(), a, b)
+
+    def _fast_path(self):
+        """What the fast path of __call__ needs, or False for implementations whose checks
+        depend on more than dtype, shape and memory (GEMV-only, multiples, FLOP limits,
+        non-CPU devices) or that have no bound call."""
+        impl = self.impl
+        simple = impl.device == "cpu" and impl.operation != "gemv" and impl.multiple_of <= 1 and impl.max_flops is None
+        call = self._bound_call() if simple else None
+        memory = physical_memory_bytes()
+        if not call or not memory:
+            self._fast = False
+            return False
+        dtypes = []
+        for name in impl.dtypes:
+            try:
+                dtypes.append(numpy_dtype(name))
+            except TypeError:  # bfloat16 without ml_dtypes: the full path explains
+                pass
+        # problem_bytes is at most (itemsize + 16) bytes per element of A, B and C: below
+        # this many elements the problem fits in memory whatever the dtype.
+        self._fast = (call, tuple(dtypes), memory // 24)
+        return self._fast
 
     def _bound_call(self):
         """The backend's ``bind(impl, options)`` call, made once per Matmul (the options are

@@ -1,6 +1,6 @@
-"""c.packed (c/packed.c): every size 1..64 in each dimension, ragged shapes past every cache
-block, every micro-kernel variant this CPU has, the same bits for every thread count, and
-calls from several Python threads at once."""
+"""c.packed (c/packed.c): every size 1..64 in each dimension through each path, ragged shapes
+past every cache block, every micro-kernel variant this CPU has, the same bits for every
+thread count, and calls from several Python threads at once."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +18,8 @@ _reason = IMPL.unavailable_reason()
 pytestmark = pytest.mark.skipif(_reason is not None, reason=f"c.packed unavailable: {_reason}")
 
 DTYPES = ["float32", "float64"]
+# The paths any shape can take (the vector path needs M = 1 or N = 1; it has its own tests).
+MATRIX_PATHS = ["direct", "nest"]
 
 
 def _variants() -> list[str]:
@@ -37,16 +39,18 @@ def _check(shape, dtype, seed=0, **options):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", _variants())
-def test_every_size_up_to_64_in_each_dimension(variant, dtype):
+@pytest.mark.parametrize("path", ["auto", *MATRIX_PATHS])
+def test_every_size_up_to_64_in_each_dimension(path, variant, dtype):
     # One dimension sweeps 1..64 while the other two sit at sizes that are not multiples of
     # any register tile (MR is 4, 6 or 14; NR is 4, 8, 16 or 32), so every edge-tile case of
-    # every kernel comes up: full tiles plus a ragged last row and column of tiles.
-    mm = harness.get("c.packed", variant=variant, threads=2)
+    # every kernel comes up: full tiles plus a ragged last row and column of tiles. "auto"
+    # sends size 1 to the vector paths and the rest to the direct path.
+    mm = harness.get("c.packed", variant=variant, threads=2, path=path)
     for size in range(1, 65):
         for shape in (Shape(size, 37, 29), Shape(23, size, 31), Shape(19, 41, size)):
             a, b = harness.make_inputs(shape, dtype, seed=size)
             outcome = harness.check(mm(a, b), a, b)
-            assert outcome.passed, f"{variant} at {shape} {dtype}: {outcome.message}"
+            assert outcome.passed, f"{variant} {path} at {shape} {dtype}: {outcome.message}"
 
 
 # Past each cache block: K > KC (256-1024, so the K sum is cut and later pieces accumulate),
@@ -63,9 +67,10 @@ RAGGED = [
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", _variants())
+@pytest.mark.parametrize("path", ["auto", *MATRIX_PATHS])
 @pytest.mark.parametrize("shape", RAGGED, ids=str)
-def test_ragged_large_shapes(shape, variant, dtype):
-    _check(shape, dtype, variant=variant, threads=2)
+def test_ragged_large_shapes(shape, path, variant, dtype):
+    _check(shape, dtype, variant=variant, threads=2, path=path)
 
 
 def test_forcing_a_variant_this_cpu_lacks_is_a_clear_error():
@@ -89,11 +94,12 @@ def test_variants_listing_and_auto():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", _variants())
-def test_same_bits_for_every_thread_count(variant, dtype):
+@pytest.mark.parametrize("path", MATRIX_PATHS)
+def test_same_bits_for_every_thread_count(path, variant, dtype):
     # Threads split M and N, never the K sum, so each element is the same FMA chain.
     for shape in (Shape(301, 299, 530), Shape(13, 997, 301), Shape(997, 13, 301)):
         a, b = harness.make_inputs(shape, dtype)
-        results = {t: harness.get("c.packed", variant=variant, threads=t)(a, b) for t in (1, 2, 3, 7)}
+        results = {t: harness.get("c.packed", variant=variant, threads=t, path=path)(a, b) for t in (1, 2, 3, 7)}
         assert harness.check(results[1], a, b).passed
         for threads, result in results.items():
             np.testing.assert_array_equal(result, results[1], err_msg=f"{threads} threads, {shape}")
@@ -144,14 +150,18 @@ def test_registered_after_blocked():
 
 def _path_crossovers(dtype) -> list[Shape]:
     """Shapes on each side of every place c/packed.c changes path or cut: M = 1 (GEMV) and
-    N = 1 (one dot product per row) against 2; the rows of four of the N = 1 path; the
-    register tile MR (the kernels' row-count instances); MC, below which the B panel is sized
-    for L2; a GEMV chunk of y (8 KiB); the K block KC."""
+    N = 1 (one dot product per row) against 2; the rows of four of the N = 1 path; B's size
+    against half of L2 (direct path or loop nest); the register tile MR (the kernels'
+    row-count instances); MC, below which the B panel is sized for L2; a GEMV chunk of y
+    (8 KiB); the K block KC."""
     blocking = c_backend.packed_blocking("auto", dtype)
     mr, mc, kc = blocking["MR"], blocking["MC"], blocking["KC"]
-    chunk = 8192 // np.dtype(dtype).itemsize
+    itemsize = np.dtype(dtype).itemsize
+    chunk = 8192 // itemsize
+    direct_n = blocking["L2"] // 2 // (64 * itemsize)  # the widest B of 64 rows the direct path takes
     shapes = [Shape(m, 37, 29) for m in (1, 2, 3)] + [Shape(29, n, 37) for n in (1, 2, 3)]
     shapes += [Shape(m, 1, 33) for m in (3, 4, 5, 7, 8, 9)]
+    shapes += [Shape(5, n, 64) for n in (direct_n - 1, direct_n, direct_n + 1)]
     shapes += [Shape(m, 45, 31) for m in (mr - 1, mr, mr + 1, 2 * mr + 1)]
     shapes += [Shape(m, 67, 19) for m in (mc - 1, mc, mc + 1)]
     shapes += [Shape(1, n, 23) for n in (chunk - 1, chunk, chunk + 1)]
@@ -176,6 +186,26 @@ def test_vector_paths_give_the_same_bits_for_every_thread_count(dtype):
         assert harness.check(results[1], a, b).passed
         for threads, result in results.items():
             np.testing.assert_array_equal(result, results[1], err_msg=f"{threads} threads, {shape}")
+
+
+def test_paths_are_chosen_by_shape_and_can_be_forced():
+    # With K past KC the loop nest sums K in KC-long pieces and the direct path in one chain,
+    # so the two round differently and the bits show which path ran.
+    blocking = c_backend.packed_blocking("auto", "float32")
+    k = 2 * blocking["KC"] + 3
+    widest_direct = blocking["L2"] // 2 // (k * 4)
+    for n, expected in ((widest_direct, "direct"), (widest_direct + 1, "nest")):
+        a, b = harness.make_inputs(Shape(5, n, k), "float32")
+        by_path = {path: harness.get("c.packed", threads=1, path=path)(a, b) for path in MATRIX_PATHS}
+        assert not np.array_equal(by_path["direct"], by_path["nest"])
+        np.testing.assert_array_equal(harness.get("c.packed", threads=1)(a, b), by_path[expected])
+    with pytest.raises(harness.MatmulInputError, match="path='vector' needs M = 1 or N = 1"):
+        harness.get("c.packed", path="vector")(a, b)
+    with pytest.raises(ValueError, match="unknown path 'packed'"):
+        harness.get("c.packed", path="packed")(a, b)
+    a, b = harness.make_inputs(Shape(1, 77, 300), "float32")
+    for path in ("vector", "direct", "nest"):
+        assert harness.check(harness.get("c.packed", path=path)(a, b), a, b).passed, path
 
 
 def test_the_thread_pool_survives_fork():

@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from .. import clib
-from ..core import Implementation, UnavailableError
+from ..core import Implementation, MatmulInputError, UnavailableError
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 
@@ -98,13 +98,15 @@ class CBackend:
         return call
 
 
-# c.packed's micro-kernels, by the numbers c/matmul.h gives them.
+# c.packed's micro-kernels and paths, by the numbers c/matmul.h gives them.
 PACKED_VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+PACKED_PATHS = {"auto": 0, "vector": 1, "direct": 2, "nest": 3}
 _PACKED_ERRORS = {
     1: "the micro-kernel variant cannot run on this CPU or build",
     2: "the pack buffers could not be allocated (out of memory)",
     3: "a dimension is negative",
 }
+_PATH_ERROR = 4  # the vector path asked for a shape with neither M = 1 nor N = 1
 
 
 def default_threads() -> int:
@@ -152,11 +154,12 @@ def _packed_variant_number(variant) -> int:
 
 
 class PackedBackend(CBackend):
-    """c.packed: ``matmul_packed_<f32|f64>(A, B, C, M, N, K, threads, variant)``, which returns
-    an error code; the options are checked here so that C is only called with ones it takes."""
+    """c.packed: ``matmul_packed_path_<f32|f64>(A, B, C, M, N, K, threads, variant, path)``,
+    which returns an error code; the options are checked here so that C is only called with
+    ones it takes (path="vector" on a shape without M = 1 or N = 1 is refused by C, code 4)."""
 
     def __init__(self):
-        super().__init__("packed")
+        super().__init__("packed_path")
 
     def extra_args(self, impl, options):
         threads = options.get("threads")
@@ -166,9 +169,14 @@ class PackedBackend(CBackend):
             raise ValueError(f"{impl.name}: threads must be an integer >= 1 (or None for every core), got {threads!r}")
         variant = options.get("variant", "auto")
         packed_variant(variant)  # an unsupported variant fails here, before any C runs
-        return [int(threads), PACKED_VARIANTS[variant]]
+        path = options.get("path", "auto")
+        if path not in PACKED_PATHS:
+            raise ValueError(f"{impl.name}: unknown path {path!r}; choose one of {', '.join(PACKED_PATHS)}")
+        return [int(threads), PACKED_VARIANTS[variant], PACKED_PATHS[path]]
 
     def check_status(self, code) -> None:
+        if code == _PATH_ERROR:
+            raise MatmulInputError("c.packed: path='vector' needs M = 1 or N = 1 (a GEMV); use path='auto'")
         if code:
             raise RuntimeError(f"c.packed failed (code {code}): {_PACKED_ERRORS.get(code, 'unknown error')}")
 
@@ -192,6 +200,7 @@ IMPLEMENTATIONS = [
     Implementation(
         "c.packed", "c", "cpu", ("float32", "float64"),
         "Goto/BLIS: packed panels, cache blocks from the cache sizes, SIMD register-tile micro-kernel, threads",
-        PackedBackend(), source="c/packed.c", options={"threads": None, "variant": "auto"}, threaded=True,
+        PackedBackend(), source="c/packed.c", options={"threads": None, "variant": "auto", "path": "auto"},
+        threaded=True,
     ),
 ]

@@ -8,7 +8,9 @@ threads) and BLIS's own gemm on every shape of the grid below, float32 and float
 How it is timed: the three calls of one case are interleaved, round after round (each round
 times each call for at least ``--sample-time`` seconds, in batches for the fast ones), and
 each call's time is the median over the rounds, so a burst of noise from another process
-falls on all three alike. Every c.packed product is checked against the float64 reference
+falls on all three alike. On more than one thread each sample starts after a pause
+(SETTLE_SECONDS) in which the previous library's idle threads stop spinning, so that they
+do not take a core from the library being timed. Every c.packed product is checked against the float64 reference
 first; a wrong one is reported and not timed.
 
 BLIS comes from the ``blis`` package (cython-blis); which of BLIS's kernel sets it chose for
@@ -45,7 +47,7 @@ SHAPES = (
     "8x4096x4096", "16x4096x4096", "64x4096x4096",
     "4096x4096x16", "4096x4096x64",
 )
-TWO_THREADS_ONLY = {"4096"}  # 4096^3 takes seconds a call on one thread; the grid skips it there
+TWO_THREADS_ONLY = {"4096"}  # 4096^3 takes seconds a call on one thread; the default grid skips it there
 SMALL_SHAPE = "64"  # the call-overhead case, with its own target
 
 TARGET_MIN = 0.9      # c.packed / NumPy on every shape
@@ -84,8 +86,16 @@ def _blis_call(a: np.ndarray, b: np.ndarray):
     return lambda: blis.py.gemm(a, b)
 
 
-def _sample(call, sample_time: float) -> float:
+# OpenBLAS's idle workers spin for about 2**28 cycles (0.1 s) after a call before they sleep,
+# c.packed's for 5 ms: with more than one thread, each sample first waits this long, so that
+# the previous library's spinning threads do not take a core from the one being timed.
+SETTLE_SECONDS = 0.15
+
+
+def _sample(call, sample_time: float, settle: float = 0.0) -> float:
     """Seconds per call: a batch of calls long enough to be timed at ``sample_time``."""
+    if settle:
+        time.sleep(settle)
     start = time.perf_counter()
     call()
     first = time.perf_counter() - start
@@ -111,7 +121,7 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
     with blas_limits(threads):
         for _ in range(rounds):
             for name, call in calls.items():
-                samples[name].append(_sample(call, sample_time))
+                samples[name].append(_sample(call, sample_time, SETTLE_SECONDS if threads > 1 else 0.0))
     seconds = {name: statistics.median(values) for name, values in samples.items()}
     gflops = {name: shape.flops / s / 1e9 for name, s in seconds.items()}
     return {
@@ -148,13 +158,15 @@ def run(out_dir, shapes: Sequence[str] = SHAPES, threads: Sequence[int] = (1, 2)
     if progress is None and sys.stderr.isatty():
         progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     parsed = [parse_shape(s) for s in shapes]
-    if SMALL_SHAPE not in shapes and list(shapes) == list(SHAPES):
+    default_grid = list(shapes) == list(SHAPES)  # shapes the user names run at every thread count
+    if default_grid:
         parsed.insert(0, parse_shape(SMALL_SHAPE))
+    two_threads_only = {parse_shape(s) for s in TWO_THREADS_ONLY} if default_grid else set()
     rows = []
     for t in threads:
         for dtype in dtypes:
             for shape in parsed:
-                if t == 1 and str(shape) in {str(parse_shape(s)) for s in TWO_THREADS_ONLY} and len(parsed) > 1:
+                if t == 1 and shape in two_threads_only:
                     continue
                 row = measure_case(shape, dtype, t, rounds, sample_time)
                 rows.append(row)
