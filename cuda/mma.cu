@@ -43,7 +43,7 @@
 // sm_80 or newer (cp.async, BF16 mma.sync).
 // Caveats:
 //  - Hopper (sm_90, H100/H200): mma.sync runs there, but the peak needs wgmma.mma_async fed by
-//    TMA (see wmma.cu); this kernel is the Ampere recipe (CUTLASS 2's sm80 multistage), the last
+//    TMA (wgmma.cu is that rung); this kernel is the Ampere recipe (CUTLASS 2's sm80 multistage), the last
 //    rung before those. H200 goals, measured with scripts/gpu_check.sh when a GPU is available:
 //    BF16 at 4096^3 and 8192^3, at least 50% of cuBLAS (stretch 70%) and 3x cuda.wmma.
 //  - Fragments are not double-buffered in registers (loaded for a K step, then used): the

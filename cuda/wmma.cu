@@ -28,8 +28,8 @@
 //    (cp.async.bulk.tensor) into a multi-stage shared-memory ring guarded by mbarriers, with
 //    producer and consumer warps specialised, and often thread-block clusters multicasting
 //    tiles. That is what cuBLAS and CUTLASS 3 (CuTe) kernels do on Hopper; WMMA cannot express
-//    any of it, so this kernel stays far below cuBLAS there. On Ampere (sm_80) the next step
-//    would be cp.async multi-stage pipelines (the fragments already load with ldmatrix).
+//    any of it, so this kernel stays far below cuBLAS there; wgmma.cu is that Hopper rung. On
+//    Ampere (sm_80) the next step is cp.async multi-stage pipelines (mma.cu).
 //  - BF16 fragment loads are inline PTX (load_shared below). nvcc 13.0 turns
 //    load_matrix_sync of an FP16 fragment into `wmma.load.*.shared.f16`, which ptxas lowers to
 //    ldmatrix (SASS LDSM.16.M88.4 for A, LDSM.16.MT88.4 for B). For BF16 it emits

@@ -153,7 +153,7 @@ def _path_crossovers(dtype) -> list[Shape]:
     N = 1 (one dot product per row) against 2; the rows of four of the N = 1 path; B's size
     against half of L2 (direct path or loop nest); the register tile MR (the kernels'
     row-count instances); MC, below which the B panel is sized for L2; a GEMV chunk of y
-    (8 KiB); the K block KC."""
+    (8 KiB); KC / 2, below which the loop nest runs rows first; the K block KC."""
     blocking = c_backend.packed_blocking("auto", dtype)
     mr, mc, kc = blocking["MR"], blocking["MC"], blocking["KC"]
     itemsize = np.dtype(dtype).itemsize
@@ -165,15 +165,19 @@ def _path_crossovers(dtype) -> list[Shape]:
     shapes += [Shape(m, 45, 31) for m in (mr - 1, mr, mr + 1, 2 * mr + 1)]
     shapes += [Shape(m, 67, 19) for m in (mc - 1, mc, mc + 1)]
     shapes += [Shape(1, n, 23) for n in (chunk - 1, chunk, chunk + 1)]
-    shapes += [Shape(9, 33, k) for k in (kc - 1, kc, kc + 1)] + [Shape(1, 33, kc + 1), Shape(33, 1, kc + 1)]
+    shapes += [Shape(9, 33, k) for k in (kc // 2 - 1, kc // 2, kc // 2 + 1, kc - 1, kc, kc + 1)]
+    shapes += [Shape(1, 33, kc + 1), Shape(33, 1, kc + 1)]
     return shapes
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_path_at_its_crossovers(dtype):
+    # Through the path the shape chooses and through each matrix path forced, so the loop
+    # nest's own cuts (MR, MC, KC / 2 where its loops swap, KC) are crossed as well.
     for shape in _path_crossovers(dtype):
-        for threads in (1, 2, 3):
-            _check(shape, dtype, seed=shape.m + shape.n, threads=threads)
+        for path in ("auto", *MATRIX_PATHS):
+            for threads in (1, 2, 3):
+                _check(shape, dtype, seed=shape.m + shape.n, threads=threads, path=path)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
