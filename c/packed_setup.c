@@ -131,8 +131,9 @@ struct cache_sizes packed_cache_sizes(void) {
  *     4096: past that the re-packing costs nothing measurable and the buffer only grows.
  *     (packed.c narrows NC when M fits in one A block: see its loop nest.)
  *
- * KC must not depend on the thread count or on M and N: it fixes where the K sum is split,
- * which is the only blocking choice that changes the result's rounding.
+ * KC must not depend on the thread count: it fixes where the K sum is split, which is the
+ * only blocking choice that changes the result's rounding. (packed.c shortens it for a few
+ * rows of A, by the shape alone.)
  */
 struct blocking packed_blocking_for(const struct packed_kernel *k, size_t elem_size) {
     const struct cache_sizes sizes = packed_cache_sizes();

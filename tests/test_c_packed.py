@@ -153,7 +153,8 @@ def _path_crossovers(dtype) -> list[Shape]:
     N = 1 (one dot product per row) against 2; the rows of four of the N = 1 path; B's size
     against half of L2 (direct path or loop nest); the register tile MR (the kernels'
     row-count instances); MC, below which the B panel is sized for L2; a GEMV chunk of y
-    (8 KiB); KC / 2, below which the loop nest runs rows first; the K block KC."""
+    (8 KiB); KC / 2, below which the loop nest runs rows first; M = 16, up to which it packs
+    B in whole rows; the K block KC."""
     blocking = c_backend.packed_blocking("auto", dtype)
     mr, mc, kc = blocking["MR"], blocking["MC"], blocking["KC"]
     itemsize = np.dtype(dtype).itemsize
@@ -164,6 +165,10 @@ def _path_crossovers(dtype) -> list[Shape]:
     shapes += [Shape(5, n, 64) for n in (direct_n - 1, direct_n, direct_n + 1)]
     shapes += [Shape(m, 45, 31) for m in (mr - 1, mr, mr + 1, 2 * mr + 1)]
     shapes += [Shape(m, 67, 19) for m in (mc - 1, mc, mc + 1)]
+    # Up to 16 rows the nest packs B in whole rows, with KC shortened once a row of B passes
+    # half of L2 / KC: this N shortens it, so the K sum is cut there too.
+    wide_n = blocking["L2"] // 2 // (kc * itemsize) + 7
+    shapes += [Shape(m, wide_n, kc + 5) for m in (15, 16, 17)]
     shapes += [Shape(1, n, 23) for n in (chunk - 1, chunk, chunk + 1)]
     shapes += [Shape(9, 33, k) for k in (kc // 2 - 1, kc // 2, kc // 2 + 1, kc - 1, kc, kc + 1)]
     shapes += [Shape(1, 33, kc + 1), Shape(33, 1, kc + 1)]
