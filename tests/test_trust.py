@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +250,24 @@ def test_a_current_library_takes_no_lock(library, monkeypatch):
     assert clib.library_path() == library
     a = np.ones((4, 4), np.float32)
     np.testing.assert_array_equal(harness.get("c.packed")(a, a), np.full((4, 4), 4.0))
+
+
+def test_the_library_is_called_through_the_compiled_glue_and_dlopen_still_works(library, tmp_path):
+    # The build puts cffi's compiled call glue beside the library when this interpreter has
+    # its headers; without it, the harness calls the same library through ffi.dlopen.
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        pytest.skip("this interpreter has no headers to build the call glue against")
+    assert clib.call_mode() == "compiled glue"
+    copy = tmp_path / library.name
+    shutil.copy(library, copy)  # no glue beside it
+    ffi, lib, mode = clib._load(str(copy))
+    assert mode == "dlopen"
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(12, dtype=np.float32).reshape(3, 4)
+    c = np.empty((2, 4), np.float32)
+    lib.matmul_naive_ikj_f32(ffi.from_buffer("float[]", a), ffi.from_buffer("float[]", b),
+                             ffi.from_buffer("float[]", c), 2, 4, 3)
+    np.testing.assert_array_equal(c, a @ b)
 
 
 # ---- honest exit codes and files -------------------------------------------------------------------

@@ -48,11 +48,13 @@ def test_wheel_install_finds_every_source(tmp_path):
         "import json, harness, harness.sources as s\n"
         "print(json.dumps({'package': str(s.PACKAGE_DIR), 'checkout': s.in_checkout(),\n"
         "  'missing': [i.source for i in harness.implementations() if i.source and not s.source_path(i.source).is_file()],\n"
-        "  'sources': [i.source for i in harness.implementations() if i.source]}))\n"
+        "  'sources': [i.source for i in harness.implementations() if i.source],\n"
+        "  'call_mode': harness.clib.call_mode()}))\n"
     )
     info = json.loads(_run([str(python), "-c", probe], cwd=elsewhere, env=env).stdout)
     assert Path(info["package"]).is_relative_to(site), info
     assert not info["checkout"] and not info["missing"] and info["sources"]
+    assert info["call_mode"] == "compiled glue", info  # the wheel carries the call glue
 
     listing = _run([str(python), "-m", "harness", "list"], cwd=elsewhere, env=env).stdout
     assert "c.blocked" in listing and "python.ikj" in listing
