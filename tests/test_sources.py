@@ -21,21 +21,26 @@ def test_python_source_reloads_after_an_edit(tmp_path, monkeypatch):
 
 def test_c_library_is_stale_when_a_source_is_newer(tmp_path):
     (tmp_path / "c").mkdir()
+    (tmp_path / "harness").mkdir()
     (tmp_path / "CMakeLists.txt").write_text("")
     source = tmp_path / "c" / "kernel.c"
     source.write_text("")
+    glue = tmp_path / "harness" / "call_glue.py"  # generates the call glue the build compiles
+    glue.write_text("")
     library = tmp_path / "libmatmul.so"
     assert clib._is_stale(library, tmp_path)  # missing
     library.write_text("")
     past = time.time() - 100
-    for path in (source, tmp_path / "CMakeLists.txt"):
+    for path in (source, glue, tmp_path / "CMakeLists.txt"):
         os.utime(path, (past, past))
     assert clib._is_stale(library, tmp_path)  # no stamp: a build that never finished
     clib._stamp(library).write_text(clib._fingerprint(library))
     assert not clib._is_stale(library, tmp_path)
     future = time.time() + 100
-    os.utime(source, (future, future))
-    assert clib._is_stale(library, tmp_path)
+    for newer in (source, glue):
+        os.utime(newer, (future, future))
+        assert clib._is_stale(library, tmp_path)
+        os.utime(newer, (past, past))
 
 
 def test_checkout_uses_checkout_sources():
