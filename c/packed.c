@@ -40,12 +40,12 @@
  *                           first pass, and packing it (and A) costs more than it saves. Rows
  *                           of C are finished strip by strip, left to right, so C is written
  *                           contiguously: for small K, where writing C is most of the work,
- *                           this is three times faster than the loop nest's block order
+ *                           this is three times faster than the loop nest's usual block order
  *                           (4096 x 4096 x 16 float32, one thread: 7 ms against 21). Measured
- *                           on an AVX-512 Xeon (2 MiB L2): the direct path wins up to B = 1
- *                           MiB (4096 x 4096 x 64 float32: 99 GFLOP/s against 83; 64^3: 4.4 us
- *                           against 7.5) and loses past it (4096 x 4096 x 64 float64, B = 2
- *                           MiB: 31 against 41).
+ *                           against that order on an AVX-512 Xeon (2 MiB L2), the direct path
+ *                           wins up to B = 1 MiB (4096 x 4096 x 64 float32: 99 GFLOP/s against
+ *                           83; 64^3: 4.4 us against 7.5) and loses past it (4096 x 4096 x 64
+ *                           float64, B = 2 MiB: 31 against 41).
  *   everything else         the loop nest above. When M fits in one A block (M <= MC) no B
  *                           panel is reused by a second A block, so the panel is sized for L2
  *                           instead of L3 (NC from L2): packed, it is read back from L2, not

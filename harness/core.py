@@ -307,7 +307,10 @@ class Matmul:
         non-CPU devices) or that have no bound call."""
         impl = self.impl
         simple = impl.device == "cpu" and impl.operation != "gemv" and impl.multiple_of <= 1 and impl.max_flops is None
-        call = self._bound_call() if simple else None
+        try:
+            call = self._bound_call() if simple else None
+        except UnavailableError:  # the full path reports it, after checking the inputs as always
+            call = None
         memory = physical_memory_bytes()
         if not call or not memory:
             self._fast = False
