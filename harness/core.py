@@ -278,9 +278,12 @@ class Matmul:
         return self.impl.backend.prepare(self.impl, a, b, self.options)
 
     def __call__(self, a, b) -> np.ndarray:
-        fast = self._fast if self._fast is not None else self._fast_path()
+        fast = self._fast
+        if fast is None:
+            fast = self._fast_path()
         if fast and type(a) is np.ndarray and type(b) is np.ndarray:
-            # The common case, which users time at small sizes: plain, contiguous, aligned 2-D
+            # The common case, which users time at small sizes: plain, C-contiguous, aligned,
+            # writeable (numpy's "carray" flag; a read-only input takes the full path) 2-D
             # arrays of one supported native dtype, no dimension 0, small enough that the
             # memory check cannot fail. It is what validate_inputs would pass unchanged, so
             # it goes straight to the backend's bound call; anything else takes the full path.
@@ -288,10 +291,9 @@ class Matmul:
             dtype = a.dtype
             if dtype is b.dtype and dtype in dtypes and a.ndim == 2 and b.ndim == 2:
                 (m, k), (k_b, n) = a.shape, b.shape
-                if k == k_b and m and n and k and m * k + k * n + m * n <= max_elements:
-                    flags_a, flags_b = a.flags, b.flags
-                    if flags_a.c_contiguous and flags_a.aligned and flags_b.c_contiguous and flags_b.aligned:
-                        return call(a, b)
+                if (k == k_b and m and n and k and m * k + k * n + m * n <= max_elements
+                        and a.flags.carray and b.flags.carray):
+                    return call(a, b)
         a, b = validate_inputs(self.impl, a, b, self.allow_slow)  # once: the call path is timed by users
         if 0 not in a.shape and 0 not in b.shape:
             call = self._bound_call()

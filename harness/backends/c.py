@@ -82,17 +82,20 @@ class CBackend:
         it does only what must be done per call (one uninitialised output, three pointers, the
         C call); the options are checked and the library loaded once, here."""
         ffi, functions = self._functions()
-        extra = self.extra_args(impl, options)
-        by_dtype = {np.dtype(name): (function, _CTYPES[name]) for name, function in functions.items()}
+        extra = tuple(self.extra_args(impl, options))
+        # The C types resolved once (a type given as a string is looked up on every call).
+        by_dtype = {np.dtype(name): (function, ffi.typeof(_CTYPES[name])) for name, function in functions.items()}
         check_status = self.check_status
-        from_buffer = ffi.from_buffer
+        from_buffer, empty = ffi.from_buffer, np.empty
 
         def call(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             function, ctype = by_dtype[a.dtype]
             m, k = a.shape
             n = b.shape[1]
-            c = np.empty((m, n), dtype=a.dtype)  # no zero fill: every kernel overwrites C
-            check_status(function(from_buffer(ctype, a), from_buffer(ctype, b), from_buffer(ctype, c), m, n, k, *extra))
+            c = empty((m, n), a.dtype)  # no zero fill: every kernel overwrites C
+            status = function(from_buffer(ctype, a), from_buffer(ctype, b), from_buffer(ctype, c), m, n, k, *extra)
+            if status:  # None for void kernels, 0 for success
+                check_status(status)
             return c
 
         return call
