@@ -92,3 +92,29 @@ def test_experiment_command_line(tmp_path):
     assert (tmp_path / "loads.json").is_file()
     done = subprocess.run([sys.executable, "-m", "harness", "report", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0 and (tmp_path / "REPORT.md").is_file()
+
+
+def test_blas_grid_measures_pairs_and_judges_the_targets(tmp_path, monkeypatch):
+    from harness.experiments import blas_grid
+
+    monkeypatch.setattr(blas_grid, "TWO_THREADS_ONLY", {"8"})  # as 4096 is in the default grid
+    data = EXPERIMENTS["blas-grid"].run(tmp_path, shapes=("8", "1x33x17"), threads=(1, 2),
+                                        dtypes=("float32",), rounds=3, sample_time=0.001)
+    # A grid the user names runs every shape at every thread count.
+    assert {(r["shape"], r["threads"]) for r in data["rows"]} == {
+        (shape, t) for shape in ("8x8x8", "1x33x17") for t in (1, 2)}
+    for row in data["rows"]:
+        lo, hi = row["vs_numpy_range"]
+        assert 0 < lo <= row["vs_numpy"] <= hi
+        assert row["gflops"]["c.packed"] > 0
+    assert (tmp_path / "blas-grid.json").is_file() and (tmp_path / "blas-grid.png").is_file()
+    assert all(len(line) <= 80 for line in blas_grid.table(data).splitlines())
+
+    def row(shape, ratio, blis=2.0):
+        return {"shape": shape, "dtype": "float32", "threads": 1, "vs_numpy": ratio, "vs_blis": blis}
+
+    verdict = blas_grid.verdict([row("64x64x64", 0.5), row("128x128x128", 1.2), row("256x256x256", 0.8, 0.9)])
+    assert verdict["min_vs_numpy"] == 0.8 and verdict["worst_case"] == "256x256x256 float32 1t"
+    assert verdict["median_vs_numpy"] == 1.0 and verdict["min_vs_blis"] == 0.9
+    assert verdict["small_vs_numpy"] == 0.5  # 64^3 is judged on its own target
+    assert verdict["below_min"] == ["256x256x256 float32 1t: 0.80"]

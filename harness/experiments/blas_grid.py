@@ -6,9 +6,11 @@ threads) and BLIS's own gemm on every shape of the grid below, float32 and float
 2 threads, and prints c.packed's speed as a ratio to each (above 1 = c.packed is faster).
 
 How it is timed: the three calls of one case are interleaved, round after round (each round
-times each call for at least ``--sample-time`` seconds, in batches for the fast ones), and
-each call's time is the median over the rounds, so a burst of noise from another process
-falls on all three alike. On more than one thread each sample starts after a pause
+times each call for at least ``--sample-time`` seconds, in batches for the fast ones). Each
+call's time is the median over the rounds, and each ratio the median over the rounds of the
+ratio within a round, whose calls run back to back: a burst of noise, or a drift of the
+machine's speed between rounds, falls on all three alike. The JSON keeps each ratio's range
+over the rounds, and the plot draws it. On more than one thread each sample starts after a pause
 (SETTLE_SECONDS) in which the previous library's idle threads stop spinning, so that they
 do not take a core from the library being timed. Every c.packed product is checked against the float64 reference
 first; a wrong one is reported and not timed.
@@ -124,11 +126,16 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
                 samples[name].append(_sample(call, sample_time, SETTLE_SECONDS if threads > 1 else 0.0))
     seconds = {name: statistics.median(values) for name, values in samples.items()}
     gflops = {name: shape.flops / s / 1e9 for name, s in seconds.items()}
-    return {
-        **entry, "seconds": seconds, "gflops": gflops,
-        "vs_numpy": seconds["numpy"] / seconds["c.packed"],
-        "vs_blis": seconds["blis"] / seconds["c.packed"] if "blis" in seconds else None,
-    }
+    row = {**entry, "seconds": seconds, "gflops": gflops}
+    for other, key in (("numpy", "vs_numpy"), ("blis", "vs_blis")):
+        if other not in samples:
+            row[key], row[key + "_range"] = None, None
+            continue
+        # Paired within each round (its calls run back to back), so a drift in the machine's
+        # speed from one round to the next cancels out of the ratio.
+        ratios = [theirs / ours for theirs, ours in zip(samples[other], samples["c.packed"])]
+        row[key], row[key + "_range"] = statistics.median(ratios), [min(ratios), max(ratios)]
+    return row
 
 
 def verdict(rows: list[dict]) -> dict:
@@ -256,16 +263,22 @@ def _figure(data: dict):
     figure, ax = plt.subplots(figsize=(10, 4.8))
     styles = {("float32", 1): ("o", "tab:blue"), ("float32", 2): ("o", "tab:orange"),
               ("float64", 1): ("s", "tab:blue"), ("float64", 2): ("s", "tab:orange")}
+    offsets = {("float32", 1): -0.15, ("float32", 2): -0.05, ("float64", 1): 0.05, ("float64", 2): 0.15}
     for (dtype, threads), (marker, colour) in styles.items():
-        points = [(shapes.index(r["shape"]), r["vs_numpy"]) for r in rows if (r["dtype"], r["threads"]) == (dtype, threads)]
-        if points:
-            xs, ys = zip(*points)
-            ax.scatter(xs, ys, marker=marker, color=colour, label=f"{dtype}, {threads} thread{'s' * (threads > 1)}",
-                       facecolors="none" if dtype == "float64" else colour)
+        mine = [r for r in rows if (r["dtype"], r["threads"]) == (dtype, threads)]
+        if not mine:
+            continue
+        xs = [shapes.index(r["shape"]) + offsets[(dtype, threads)] for r in mine]
+        ax.scatter(xs, [r["vs_numpy"] for r in mine], marker=marker, color=colour,
+                   label=f"{dtype}, {threads} thread{'s' * (threads > 1)}", facecolors="none" if dtype == "float64" else colour)
+        spans = [(x, r["vs_numpy_range"]) for x, r in zip(xs, mine) if r.get("vs_numpy_range")]
+        if spans:  # the ratio's range over the rounds: how far one round can be from the median
+            ax.vlines([x for x, _ in spans], [lo for _, (lo, hi) in spans], [hi for _, (lo, hi) in spans],
+                      color=colour, linewidth=1, alpha=0.6)
     ax.axhline(1.0, color="black", linewidth=1)
     ax.axhline(TARGET_MIN, color="grey", linestyle="--", linewidth=1, label=f"{TARGET_MIN}x (the floor)")
     ax.set_xticks(range(len(shapes)), shapes, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("c.packed speed / NumPy's (OpenBLAS)")
+    ax.set_ylabel("c.packed speed / NumPy's (OpenBLAS)\nmedian of the rounds, bar: their range")
     ax.set_title(f"c.packed through harness.get(...)(a, b) against NumPy, {machine.cpu_model()}", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
