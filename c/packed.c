@@ -34,18 +34,18 @@
  *   N = 1 (y = A b)         vector path, matrix_times_column: a dot product per row of A,
  *                           SIMD along K, four rows at a time (b is loaded once for four
  *                           rows); threads split M.
- *   B fits in half of L2    direct path (direct_nest): the same register tile, reading A and
- *   (K N size <= L2 / 2)    B where they lie. Packing earns its copy by making B's reuse come
- *                           from L1 in unit stride; a B this small is already in L2 after its
+ *   B fits in half of L2,   direct path (direct_nest): the same register tile, reading A and
+ *   and K <= 32 or          B where they lie. Packing earns its copy by making B's reuse come
+ *   M N K <= 256^3          from L1 in unit stride; a B this small is already in L2 after its
  *                           first pass, and packing it (and A) costs more than it saves. Rows
  *                           of C are finished strip by strip, left to right, so C is written
  *                           contiguously: for small K, where writing C is most of the work,
  *                           this is three times faster than the loop nest's usual block order
- *                           (4096 x 4096 x 16 float32, one thread: 7 ms against 21). Measured
- *                           against that order on an AVX-512 Xeon (2 MiB L2), the direct path
- *                           wins up to B = 1 MiB (4096 x 4096 x 64 float32: 99 GFLOP/s against
- *                           83; 64^3: 4.4 us against 7.5) and loses past it (4096 x 4096 x 64
- *                           float64, B = 2 MiB: 31 against 41).
+ *                           (4096 x 4096 x 16 float32, one thread: 7 ms against 21). Past a
+ *                           few dozen rows of B over many tiles the nest's packed sliver wins
+ *                           (DIRECT_MAX_K gives the measured crossovers); past B = 1 MiB
+ *                           (half of this Xeon's L2) the direct path loses everywhere
+ *                           (4096 x 4096 x 64 float64, B = 2 MiB: 31 GFLOP/s against 41).
  *   everything else         the loop nest above. When M fits in one A block (M <= MC) no B
  *                           panel is reused by a second A block, so the panel is sized for L2
  *                           instead of L3 (NC from L2): packed, it is read back from L2, not
@@ -93,6 +93,15 @@
 static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* The direct path takes a B that fits in half of L2 when K is at most DIRECT_MAX_K or the
+ * product at most DIRECT_MAX_FMAS multiply-adds: each of its tiles reads a short piece of
+ * each of K rows of B, and past a few dozen rows over many tiles the loop nest's packed,
+ * contiguous sliver wins. One thread, medians of 7 (nest time / direct time): 4096^2 x 16
+ * 1.07, 4096^2 x 48 0.90, 2048^2 x 64 0.83, 1024^2 x 64 float64 0.82, 256^3 1.01,
+ * 384 x 384 x 256 0.94, 128^3 1.15, 1024 x 64 x 64 1.54. */
+enum { DIRECT_MAX_K = 32 };
+static const double DIRECT_MAX_FMAS = 256.0 * 256.0 * 256.0;
 
 /* Up to this many rows of A, the loop nest packs B in whole rows (see loop_nest). */
 enum { STREAM_B_MAX_M = 16 };
@@ -466,7 +475,8 @@ int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, int64_t M, 
     if (path == PACKED_PATH_AUTO) {
         if (vector_shape)
             path = PACKED_PATH_VECTOR;
-        else if (K * N * (int64_t)sizeof(real) <= packed_cache_sizes().l2 / 2)
+        else if (K * N * (int64_t)sizeof(real) <= packed_cache_sizes().l2 / 2 &&
+                 (K <= DIRECT_MAX_K || (double)M * (double)N * (double)K <= DIRECT_MAX_FMAS))
             path = PACKED_PATH_DIRECT; /* B stays in L2: packing it would only add a copy */
         else
             path = PACKED_PATH_NEST;

@@ -151,7 +151,8 @@ def test_registered_after_blocked():
 def _path_crossovers(dtype) -> list[Shape]:
     """Shapes on each side of every place c/packed.c changes path or cut: M = 1 (GEMV) and
     N = 1 (one dot product per row) against 2; the rows of four of the N = 1 path; B's size
-    against half of L2 (direct path or loop nest); the register tile MR (the kernels'
+    against half of L2, K against 32 and M N K against 256^3 (direct path or loop nest); the
+    register tile MR (the kernels'
     row-count instances); MC, below which the B panel is sized for L2; a GEMV chunk of y
     (8 KiB); KC / 2, below which the loop nest runs rows first; M = 16, up to which it packs
     B in whole rows; the K block KC."""
@@ -163,6 +164,8 @@ def _path_crossovers(dtype) -> list[Shape]:
     shapes = [Shape(m, 37, 29) for m in (1, 2, 3)] + [Shape(29, n, 37) for n in (1, 2, 3)]
     shapes += [Shape(m, 1, 33) for m in (3, 4, 5, 7, 8, 9)]
     shapes += [Shape(5, n, 64) for n in (direct_n - 1, direct_n, direct_n + 1)]
+    # ... and, with B that small, K against 32 and M N K against 256^3 (direct path below).
+    shapes += [Shape(1024, 600, k) for k in (32, 33)] + [Shape(256, 256, k) for k in (255, 256, 257)]
     shapes += [Shape(m, 45, 31) for m in (mr - 1, mr, mr + 1, 2 * mr + 1)]
     shapes += [Shape(m, 67, 19) for m in (mc - 1, mc, mc + 1)]
     # Up to 16 rows the nest packs B in whole rows, with KC shortened once a row of B passes
