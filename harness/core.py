@@ -142,7 +142,7 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
                 f"{impl.name} runs {mode} on the CPU here, which is checked only up to 256x256x256 "
                 f"(got {shape}); pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run it anyway"
             )
-    needed = problem_bytes(shape, dtype if isinstance(dtype, np.dtype) else name)
+    needed = problem_bytes(shape, dtype)
     memory = physical_memory_bytes()
     if memory and needed > memory:
         raise MatmulInputError(
