@@ -289,8 +289,9 @@ class Matmul:
             # it goes straight to the backend's bound call; anything else takes the full path.
             call, dtypes, max_elements = fast
             dtype = a.dtype
-            if dtype is b.dtype and dtype in dtypes and a.ndim == 2 and b.ndim == 2:
-                (m, k), (k_b, n) = a.shape, b.shape
+            shape_a, shape_b = a.shape, b.shape
+            if dtype is b.dtype and dtype in dtypes and len(shape_a) == 2 and len(shape_b) == 2:
+                (m, k), (k_b, n) = shape_a, shape_b
                 if (k == k_b and m and n and k and m * k + k * n + m * n <= max_elements
                         and a.flags.carray and b.flags.carray):
                     return call(a, b)

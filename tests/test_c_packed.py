@@ -246,3 +246,27 @@ def test_the_public_call_returns_a_fresh_array_and_takes_read_only_inputs():
     assert first is not second and not np.shares_memory(first, second)
     np.testing.assert_array_equal(first, second)
     assert first.flags.c_contiguous and first.flags.writeable
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_outputs_start_on_a_cache_line(dtype):
+    # NumPy's own large arrays start 16 bytes past a cache line; the C backends' outputs from
+    # ALIGNED_OUTPUT_BYTES on start on one (c.py says why), and are otherwise ordinary arrays.
+    itemsize = np.dtype(dtype).itemsize
+    n = 1 + int((c_backend.ALIGNED_OUTPUT_BYTES // itemsize) ** 0.5)  # just past the threshold
+    shape = Shape(n, n, 3)
+    a, b = harness.make_inputs(shape, dtype)
+    matmul = harness.get("c.packed")
+    first, second = matmul(a, b), matmul(a, b)
+    for c in (first, second):
+        assert c.ctypes.data % c_backend.CACHE_LINE == 0
+        assert c.shape == (n, n) and c.dtype == a.dtype
+        assert c.flags.c_contiguous and c.flags.writeable and c.flags.aligned
+    assert not np.shares_memory(first, second)
+    assert harness.check(first, a, b).passed
+    prepared = matmul.prepare(a, b)  # the timer's path allocates the same way
+    prepared.run()
+    assert prepared.c.ctypes.data % c_backend.CACHE_LINE == 0
+    np.testing.assert_array_equal(prepared.result(), first)
+    small = c_backend.empty_output(8, 8, np.dtype(dtype))
+    assert small.shape == (8, 8) and small.flags.owndata  # small outputs: plain np.empty
