@@ -220,22 +220,36 @@ static void pack_a(const real *A, int64_t K, int64_t i0, int64_t mc, int64_t p0,
 
 /* B[p0 : p0+kc, j0 : j0+nc] into ceil(nc / NR) slivers of kc x NR, each p-major (one row of
  * NR values after another, the order the kernel loads them), columns past the edge zero.
- * Row by row of B, so B is read with unit stride (a sliver-by-sliver walk would read one
- * short piece per row, each on a new page); each row segment is scattered over the slivers. */
+ * Along the rows of B, so B is read with unit stride (a sliver-by-sliver walk would read one
+ * short piece per row, each on a new page); each row segment is scattered over the slivers.
+ * Eight rows at a time, piece by piece: the rows are N apart, so each is its own stream from
+ * memory, and with one row at a time every row waits for its first lines to arrive; eight
+ * in flight keep the memory system busy. 64 x 4096 x 4096 float64, one thread, medians of 11
+ * interleaved: 13% faster than one row at a time, 16 x 4096 x 4096 26% (16 rows: no better). */
+enum { PACK_B_ROWS = 8 };
+
+static inline __attribute__((always_inline)) void pack_b_row_group(const real *src, int64_t N, int64_t nc,
+                                                                   int64_t kc, const int64_t nr, const int rows,
+                                                                   real *restrict dst) {
+    int64_t jr = 0;
+    for (; jr + nr <= nc; jr += nr, src += nr, dst += kc * nr)
+        for (int r = 0; r < rows; ++r) memcpy(dst + r * nr, src + r * N, (size_t)nr * sizeof(real));
+    if (jr < nc) {
+        const int64_t used = nc - jr;
+        for (int r = 0; r < rows; ++r) {
+            memcpy(dst + r * nr, src + r * N, (size_t)used * sizeof(real));
+            for (int64_t j = used; j < nr; ++j) dst[r * nr + j] = 0;
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void pack_b_rows(const real *B, int64_t N, int64_t j0, int64_t nc,
                                                               int64_t p0, int64_t kc, const int64_t nr,
                                                               real *restrict out) {
-    for (int64_t p = 0; p < kc; ++p) {
-        const real *src = B + (p0 + p) * N + j0;
-        real *dst = out + p * nr;
-        int64_t jr = 0;
-        for (; jr + nr <= nc; jr += nr, src += nr, dst += kc * nr) memcpy(dst, src, (size_t)nr * sizeof(real));
-        if (jr < nc) {
-            const int64_t used = nc - jr;
-            memcpy(dst, src, (size_t)used * sizeof(real));
-            for (int64_t j = used; j < nr; ++j) dst[j] = 0;
-        }
-    }
+    int64_t p = 0;
+    for (; p + PACK_B_ROWS <= kc; p += PACK_B_ROWS)
+        pack_b_row_group(B + (p0 + p) * N + j0, N, nc, kc, nr, PACK_B_ROWS, out + p * nr);
+    for (; p < kc; ++p) pack_b_row_group(B + (p0 + p) * N + j0, N, nc, kc, nr, 1, out + p * nr);
 }
 
 /* NR is one of a few sizes (the kernels' widths): with it a constant, each sliver row's copy
