@@ -29,10 +29,10 @@
  *
  *   M = 1 (GEMV, y = a B)   vector path, row_times_matrix: each element of B is used once, so
  *                           packing it would read it, write a copy and read the copy for one
- *                           FMA. B is streamed once, four rows at a time into a chunk of y
+ *                           FMA. B is streamed once, eight rows at a time into a chunk of y
  *                           that stays in L1, SIMD along N; threads split N.
  *   N = 1 (y = A b)         vector path, matrix_times_column: a dot product per row of A,
- *                           SIMD along K, four rows at a time (b is loaded once for four
+ *                           SIMD along K, eight rows at a time (b is loaded once for eight
  *                           rows); threads split M.
  *   B fits in half of L2,   direct path (direct_nest): the same register tile, reading A and
  *   and K <= 32 or          B where they lie. Packing earns its copy by making B's reuse come
@@ -123,11 +123,14 @@ static int64_t threads_for(int64_t threads, double fmas, int64_t max_parts) {
 /* ---- M = 1: y = a B, streaming B ----------------------------------------------------------- */
 
 /* y holds a chunk of this many bytes, updated by every row of B: it stays in L1. */
-enum { GEMV_CHUNK = 8192 / sizeof(real), GEMV_ROWS = 4 };
+enum { GEMV_CHUNK = 8192 / sizeof(real), GEMV_ROWS = 8 };
 
-/* y[j0:j1] = a @ B[:, j0:j1]. Four rows of B per pass over the chunk, so y is loaded and
- * stored once per four FMAs; each y[j] is the FMA chain over p in order whatever the chunk
- * or the thread, so the result does not depend on how N is cut. */
+/* y[j0:j1] = a @ B[:, j0:j1]. Eight rows of B per pass over the chunk: y is loaded and stored
+ * once per eight FMAs, and the eight rows (N apart, so eight separate streams from memory)
+ * are in flight at once, which is what keeps a single core's memory traffic up (1 x 8192 x
+ * 8192 float32, one thread, medians of 11 interleaved: 17% faster than four rows; float64
+ * 1 x 4096 x 4096: 13%). Each y[j] is the FMA chain over p in order whatever the chunk or the
+ * thread, so the result does not depend on how N is cut. */
 static void row_times_matrix(const real *restrict a, const real *restrict B, real *restrict y, int64_t N,
                              int64_t K, int64_t j0, int64_t j1) {
     for (int64_t c0 = j0; c0 < j1; c0 += GEMV_CHUNK) {
@@ -136,9 +139,14 @@ static void row_times_matrix(const real *restrict a, const real *restrict B, rea
         int64_t p = 0;
         for (; p + GEMV_ROWS <= K; p += GEMV_ROWS) {
             const real a0 = a[p], a1 = a[p + 1], a2 = a[p + 2], a3 = a[p + 3];
+            const real a4 = a[p + 4], a5 = a[p + 5], a6 = a[p + 6], a7 = a[p + 7];
             const real *restrict b0 = B + p * N, *restrict b1 = b0 + N, *restrict b2 = b1 + N, *restrict b3 = b2 + N;
+            const real *restrict b4 = b3 + N, *restrict b5 = b4 + N, *restrict b6 = b5 + N, *restrict b7 = b6 + N;
 #pragma omp simd
-            for (int64_t j = c0; j < c1; ++j) y[j] = (((y[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j];
+            for (int64_t j = c0; j < c1; ++j)
+                y[j] = (((((((y[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j]) + a4 * b4[j]) + a5 * b5[j]) +
+                        a6 * b6[j]) +
+                       a7 * b7[j];
         }
         for (; p < K; ++p) {
             const real ap = a[p];
@@ -151,26 +159,34 @@ static void row_times_matrix(const real *restrict a, const real *restrict B, rea
 
 /* ---- N = 1: y = A b, a dot product per row ------------------------------------------------ */
 
-enum { DOT_ROWS = 4 };
+enum { DOT_ROWS = 8 };
 
 /* y[i0:i1] = A[i0:i1, :] @ b. Each sum is split across SIMD lanes (the order is fixed by the
- * code, so it is reproducible); rows go four at a time, and every group of four starts at a
- * multiple of four, so a row is summed by the same code whichever thread takes it. */
+ * code, so it is reproducible); rows go eight at a time, eight streams from memory in flight
+ * as in row_times_matrix (4096 x 1 x 4096, one thread, medians of 21 interleaved: 9% faster
+ * than four rows, float64 10%), and every group of eight starts at a multiple of eight, so a
+ * row is summed by the same code whichever thread takes it. */
 static void matrix_times_column(const real *restrict A, const real *restrict b, real *restrict y, int64_t K,
                                 int64_t i0, int64_t i1) {
     int64_t i = i0;
     for (; i + DOT_ROWS <= i1; i += DOT_ROWS) {
         const real *restrict r0 = A + i * K, *restrict r1 = r0 + K, *restrict r2 = r1 + K, *restrict r3 = r2 + K;
-        real s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
+        const real *restrict r4 = r3 + K, *restrict r5 = r4 + K, *restrict r6 = r5 + K, *restrict r7 = r6 + K;
+        real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5, s6, s7)
         for (int64_t p = 0; p < K; ++p) {
             const real bp = b[p];
             s0 += r0[p] * bp;
             s1 += r1[p] * bp;
             s2 += r2[p] * bp;
             s3 += r3[p] * bp;
+            s4 += r4[p] * bp;
+            s5 += r5[p] * bp;
+            s6 += r6[p] * bp;
+            s7 += r7[p] * bp;
         }
         y[i] = s0, y[i + 1] = s1, y[i + 2] = s2, y[i + 3] = s3;
+        y[i + 4] = s4, y[i + 5] = s5, y[i + 6] = s6, y[i + 7] = s7;
     }
     for (; i < i1; ++i) {
         const real *restrict row = A + i * K;
@@ -500,7 +516,7 @@ int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, int64_t M, 
         /* GEMV: one vector and one matrix (for M = N = 1, a dot product: the N = 1 path). */
         struct vector_job job = {A, B, C, M, N, K, 1, 1};
         const int64_t length = N == 1 ? M : N;
-        job.group = N == 1 ? DOT_ROWS : 64 / (int64_t)sizeof(real); /* rows of 4; whole cache lines of y */
+        job.group = N == 1 ? DOT_ROWS : 64 / (int64_t)sizeof(real); /* DOT_ROWS rows; cache lines of y */
         job.parts = threads_for(threads, (double)length * (double)K, (length + job.group - 1) / job.group);
         pool_run(job.parts, vector_task, &job);
         return PACKED_OK;
