@@ -39,7 +39,7 @@ from ..registry import lookup
 
 NAME = "blas-grid"
 TITLE = "c.packed against NumPy's BLAS and BLIS on the whole shape grid, 1 and 2 threads"
-DURATION = "about 8 minutes"  # on a 2-core machine, said before it starts
+DURATION = "about 8 minutes for the whole grid"  # on a 2-core machine, said before it starts
 
 # The grid: squares, a ragged cube, GEMV (M = 1), matrix-vector (N = 1), small M, small K.
 SHAPES = (
