@@ -20,7 +20,7 @@ import numpy as np
 
 from . import machine
 from .checking import Reference, check, reference_data
-from .core import Matmul, MatmulInputError, check_problem
+from .core import InputGuard, Matmul, MatmulInputError, check_problem, tried_to_write_inputs, wrote_inputs_message
 from .inputs import Shape, dtype_name, make_inputs, parse_shape
 from .registry import REGISTRY, implementations
 from .timing import time_cpu
@@ -477,30 +477,56 @@ def _threads_used(impl, threads: int | None, run_options: dict) -> int:
 
 
 class _Problem:
-    """One shape and dtype of a comparison: its inputs and float64 reference, made on first use."""
+    """One shape and dtype of a comparison: its inputs and float64 reference, made when the
+    first row needs them.
+
+    The inputs are made read-only and the reference is computed from them before any row
+    runs. Each row gets read-only views (``row_inputs``) and, after it ran, ``written()`` says
+    whether it wrote into them anyway; if it did, the inputs are made again (they are seeded,
+    so bit for bit the same) and the next row sees the problem the reference was computed on.
+    """
 
     def __init__(self, shape: Shape, dtype: str, seed: int, devices: list[str]):
         self.shape, self.dtype, self.seed, self.devices = shape, dtype, seed, devices
-        self._inputs = self._reference = None
+        self._inputs = self._reference = self._guard = None
+
+    def _make_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        a, b = make_inputs(self.shape, self.dtype, self.seed)
+        a.flags.writeable = False
+        b.flags.writeable = False
+        return a, b
 
     @property
     def inputs(self) -> tuple[np.ndarray, np.ndarray]:
         if self._inputs is None:
-            self._inputs = make_inputs(self.shape, self.dtype, self.seed)
+            self._inputs = self._make_inputs()
+            # Before any row runs: no implementation can have touched what it is computed from.
+            if _reference_on_gpu(self.shape.flops, self.devices):
+                from .gpu import DeviceProblem
+
+                self._reference = DeviceProblem(*self._inputs)
+            else:
+                self._reference = reference_data(*self._inputs)
         return self._inputs
+
+    def row_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Read-only views of the inputs for one row, watched for writes by ``written``."""
+        self._guard = InputGuard(*self.inputs)
+        return self._guard.a, self._guard.b
+
+    def written(self) -> list[str]:
+        """The inputs the current row wrote into ("A", "B"); they are made afresh for the next row."""
+        written = self._guard.written() if self._guard else []
+        if written:
+            self._inputs = self._make_inputs()
+            self._guard = InputGuard(*self._inputs)
+        return written
 
     def check(self, result: np.ndarray):
         """The check of ``result`` against the float64 reference: on the GPU when GPU
         implementations are compared, a GPU is here and the problem is big (the host's float64
         product and element-wise check of 8192^2 take seconds per row), else on the host."""
         a, b = self.inputs
-        if self._reference is None:
-            if _reference_on_gpu(self.shape.flops, self.devices):
-                from .gpu import DeviceProblem
-
-                self._reference = DeviceProblem(a, b)
-            else:
-                self._reference = reference_data(a, b)
         if isinstance(self._reference, Reference):
             return check(result, a, b, self._reference)
         return self._reference.check(result)
@@ -526,12 +552,17 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
     try:
         matmul = Matmul(impl, allow_slow=allow_slow, **run_options)
         with blas_limits(threads):
-            a, b = problem.inputs
+            a, b = problem.row_inputs()
             prepared = matmul.prepare(a, b)
             row.mode = prepared.mode
             row.loader = getattr(prepared, "loader", None)
             prepared.run()
-            outcome = problem.check(prepared.result())
+            result = prepared.result()
+            written = problem.written()
+            if written:
+                row.status = f"FAILED: {wrote_inputs_message(impl.name, written)}"
+                return row
+            outcome = problem.check(result)
             row.max_abs_error = outcome.max_abs_error
             if not outcome.passed:
                 row.status = f"FAILED: {outcome.message}"
@@ -541,8 +572,18 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
             # GPU adapters time themselves (CUDA events, L2 flushed); the rest use perf_counter.
             own_timer = getattr(prepared, "time", None)
             timing = own_timer(min_time) if own_timer else time_cpu(prepared.run, min_time=min_time)
+            written = problem.written()  # a write while timed changes what the next row multiplies
+            if written:
+                row.status = f"FAILED: {wrote_inputs_message(impl.name, written)} while it was timed"
+                return row
     except Exception as error:  # one broken implementation must not end the comparison
-        row.status = f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        written = problem.written()
+        if written:
+            row.status = f"FAILED: {wrote_inputs_message(impl.name, written)}, then raised {type(error).__name__}"
+        elif tried_to_write_inputs(error):
+            row.status = f"FAILED: {impl.name} tried to write into its inputs, which are read-only ({error})"
+        else:
+            row.status = f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         return row
     row.median_s, row.min_s, row.spread, row.repeats = timing.median_s, timing.min_s, timing.spread, timing.repeats
     if timing.median_s <= 0 or shape.flops == 0:  # nothing computed: no rate to report

@@ -13,6 +13,7 @@ Every call is split in two so that one timer and one checker serve every languag
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -224,6 +225,40 @@ def check_result(impl: Implementation, result, a: np.ndarray, b: np.ndarray) -> 
                if isinstance(result, np.ndarray) else type(result).__name__)
         raise ResultError(f"{impl.name} returned {got}; it must return a {expected} {dtype_name(a.dtype)} array")
     return result
+
+
+def _digest(x: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(x).view(np.uint8).data, digest_size=16).digest()
+
+
+def read_only_view(x: np.ndarray) -> np.ndarray:
+    view = x.view()
+    view.flags.writeable = False
+    return view
+
+
+class InputGuard:
+    """What a checked row hands an implementation: read-only views of its inputs, and a digest
+    of their bytes taken before it runs, to tell afterwards whether it wrote into them anyway
+    (C writes through a pointer whatever NumPy's flags say). A row that writes into its inputs
+    is a wrong implementation, and would change the problem every later row is checked on."""
+
+    def __init__(self, a: np.ndarray, b: np.ndarray):
+        self.a, self.b = read_only_view(a), read_only_view(b)
+        self._digests = (_digest(a), _digest(b))
+
+    def written(self) -> list[str]:
+        """The inputs ("A", "B") whose bytes changed since the guard was made."""
+        return [label for label, x, before in zip("AB", (self.a, self.b), self._digests) if _digest(x) != before]
+
+
+def wrote_inputs_message(name: str, written: list[str]) -> str:
+    return f"{name} wrote into its input {' and '.join(written)} (inputs are read-only; a matmul must not change them)"
+
+
+def tried_to_write_inputs(error: BaseException) -> bool:
+    """NumPy's refusal to write into a read-only array: the only read-only arrays a row gets are its inputs."""
+    return isinstance(error, ValueError) and "read-only" in str(error)
 
 
 @dataclass

@@ -12,7 +12,8 @@ from functools import lru_cache
 
 from ..checking import check
 from ..compare import blas_limits, reference_for
-from ..core import Matmul, MatmulInputError, UnavailableError, check_problem
+from ..core import (InputGuard, Matmul, MatmulInputError, UnavailableError, check_problem, tried_to_write_inputs,
+                    wrote_inputs_message)
 from ..inputs import make_inputs, parse_shape
 from ..registry import lookup
 from ..timing import time_cpu
@@ -57,20 +58,32 @@ def measure(name: str, a: np.ndarray, b: np.ndarray, min_time: float = 0.2, thre
         return {**entry, "skipped": f"unavailable: {reason}"}
     if impl.threaded and threads is not None:
         options.setdefault("threads", threads)
+    # The reference first, from inputs nothing has run on yet; the row gets read-only views.
+    reference = _reference(a, b, impl.device)
+    guard = InputGuard(a, b)
     try:
         with blas_limits(threads):
-            prepared = Matmul(impl, **options).prepare(a, b)
+            prepared = Matmul(impl, **options).prepare(guard.a, guard.b)
             prepared.run()
+            result = prepared.result()
+            if guard.written():
+                return _wrote_inputs(entry, name, guard.written())
             # one reference per input pair (on the GPU for big GPU problems), not one per call
-            outcome = check(prepared.result(), a, b, _reference(a, b, impl.device))
+            outcome = check(result, a, b, reference)
             if not outcome.passed:
                 return {**entry, "skipped": f"FAILED its check: {outcome.message}"}
             if prepared.mode != "native":
                 return {**entry, "skipped": f"runs {prepared.mode} here (correct, not timed)"}
             own_timer = getattr(prepared, "time", None)
             timing = own_timer(min_time) if own_timer else time_cpu(prepared.run, min_time=min_time)
+            if guard.written():
+                return _wrote_inputs(entry, name, guard.written())
     except (UnavailableError, MatmulInputError) as error:
         return {**entry, "skipped": str(error)}
+    except ValueError as error:
+        if tried_to_write_inputs(error):
+            return {**entry, "skipped": f"FAILED: {name} tried to write into its inputs, which are read-only ({error})"}
+        raise
     seconds = timing.median_s
     return {
         **entry, "device": impl.device, "seconds": seconds, "spread": timing.spread, "repeats": timing.repeats,
@@ -78,6 +91,13 @@ def measure(name: str, a: np.ndarray, b: np.ndarray, min_time: float = 0.2, thre
         "gbytes_per_s": (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n) * a.dtype.itemsize / seconds / 1e9,
         "threads": options.get("threads", threads),
     }
+
+
+def _wrote_inputs(entry: dict, name: str, written: list[str]) -> dict:
+    # The remembered inputs and references may be the ones it wrote into: forget them all.
+    inputs.cache_clear()
+    _references.clear()
+    return {**entry, "skipped": f"FAILED: {wrote_inputs_message(name, written)}"}
 
 
 def timed_once(function) -> tuple[float, object]:
