@@ -32,8 +32,9 @@
  * sweep (harness/experiments/tile_sweep.py) shows the caches, not the chunking.
  *
  * Loop order: jj, pp, ii (tiles), then i, j-chunk, p inside a tile. For every element of C the
- * sum over p runs in increasing order whatever the tile, so every tile size gives the same
- * bits as naive ikj.
+ * sum over p runs in increasing order whatever the tile, and the file is compiled without FMA
+ * contraction like naive.c (a multiply rounded, then an add rounded, as written), so every
+ * tile size gives the same bits as naive ikj, on every instruction set.
  *
  * What it does not do (that is packed SIMD's job, the next step): hold a 2-D block of C in
  * registers, pack A and B into contiguous panels, or size each block for a different cache.

@@ -53,4 +53,10 @@ double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *medi
  * *median_gbps when not NULL); 0 if the buffer cannot be allocated. */
 double matmul_measure_read_gbps(int64_t bytes, int64_t trials, double *median_gbps);
 
+/* build_isa.c: the instruction-set extensions (beyond plain x86-64) this build was compiled
+ * for, space-separated into out[0:size]; and of those, the ones this CPU lacks. Both return
+ * how many they wrote, or -1 if out is too small. Safe to call on any CPU. */
+int64_t matmul_build_isa(char *out, int64_t size);
+int64_t matmul_build_missing_isa(char *out, int64_t size);
+
 #endif

@@ -10,6 +10,13 @@
  * iterations are independent, so the compiler vectorizes it. Same FLOPs, many times faster:
  * loop order alone decides how well the caches and SIMD units are used.
  *
+ * Exactly the arithmetic written here: this file is compiled with -ffp-contract=off
+ * (CMakeLists.txt), so each `a * b` is rounded before it is added, never fused into one FMA.
+ * Both orders then sum every C[i][j] with the same operations in the same order (p rising,
+ * from zero), and give the same bits as each other and as blocked.c, on every CPU and vector
+ * width. (c.packed fuses, as every fast kernel does; it agrees with these within the error
+ * model, not bit for bit.)
+ *
  * Written once over `real` and compiled for float32 and float64 (real.h).
  * Shapes: A [M, K], B [K, N], C [M, N], row-major.
  */

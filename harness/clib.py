@@ -5,9 +5,15 @@ a C source, header or CMakeLists.txt is newer than it, so an edited ``c/*.c`` ta
 the next run. A build counts only once it has finished: a stamp beside the library records
 the size and time of the library a successful build produced, so a build killed while linking
 (which can leave a truncated library newer than its sources) is rebuilt, not loaded. When the
-library is current nothing is locked or written, so a read-only checkout works. An installed
-wheel uses the library it was built with (``harness/_lib``).
+library is current nothing is locked or written, so a read-only checkout works. The stamp
+also names the CPU that built it: the checkout's build uses ``-march=native``, so a checkout
+moved to another CPU is rebuilt there. An installed wheel uses the library it was built with
+(``harness/_lib``), which is compiled for plain x86-64 (pyproject.toml).
 ``MATMUL_C_LIBRARY=/path/to/libmatmul.so`` overrides both (the sanitizer build uses it).
+
+Before its first call, the library is asked which instruction-set extensions it was compiled
+for and which of them this CPU lacks (c/build_isa.c); a library built for another CPU is
+refused with an error that names them, never run into an illegal instruction.
 
 The library is called through the compiled call glue built beside it (call_glue.py: cffi's
 API mode, about 2 us less per call), or, where that could not be built, through
@@ -15,9 +21,11 @@ API mode, about 2 us less per call), or, where that could not be built, through
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -34,6 +42,10 @@ LIBRARY_NAMES = {"linux": "libmatmul.so", "darwin": "libmatmul.dylib"}
 
 class CLibraryError(RuntimeError):
     """The C library could not be built or loaded; the message says how to fix it."""
+
+
+class CLibraryBuiltForAnotherCPU(CLibraryError):
+    """The library uses instructions this CPU lacks (loading it again would not help)."""
 
 
 _build_lock = threading.Lock()
@@ -72,13 +84,28 @@ def _stamp(library: Path) -> Path:
     return library.with_name(library.name + ".built")
 
 
+@lru_cache(maxsize=None)
+def this_cpu() -> str:
+    """Names this CPU model and its instruction-set flags, for telling one machine's builds
+    from another's (a digest: the flags line alone is over a thousand characters)."""
+    identity = f"{platform.machine()} {platform.processor()}"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            wanted = [line for line in cpuinfo if line.startswith(("model name", "flags"))]
+        identity += "".join(sorted(set(wanted)))
+    except OSError:  # not Linux: the machine and processor names are what there is
+        pass
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
 def _fingerprint(library: Path) -> str:
     info = library.stat()
-    return f"{info.st_size} {info.st_mtime_ns}\n"
+    return f"{info.st_size} {info.st_mtime_ns}\nbuilt on cpu {this_cpu()}\n"
 
 
 def _is_stale(library: Path, root: Path) -> bool:
-    """True unless ``library`` is what a finished build produced and newer than every source."""
+    """True unless ``library`` is what a finished build on this CPU produced and newer than
+    every source."""
     try:
         if _stamp(library).read_text() != _fingerprint(library):
             return True
@@ -187,25 +214,65 @@ def _glue_beside(library: Path) -> Path | None:
 @lru_cache(maxsize=None)
 def _load(path: str):
     """(ffi, lib, mode) for the library at ``path``: through its call glue when there is one,
-    else through ffi.dlopen."""
-    glue = _glue_beside(Path(path))
-    if glue is not None:
-        try:
-            spec = importlib.util.spec_from_file_location(call_glue.MODULE_NAME, glue)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module.ffi, module.lib, "compiled glue"
-        except ImportError:  # built for another interpreter, or damaged: dlopen still works
-            pass
-    import cffi
+    else through ffi.dlopen; refused if it was compiled for instructions this CPU lacks."""
+    loaded = _load_through_glue(Path(path))
+    if loaded is None:
+        import cffi
 
-    ffi = cffi.FFI()
-    ffi.cdef(cdef_text())
+        ffi = cffi.FFI()
+        ffi.cdef(cdef_text())
+        try:
+            loaded = ffi, ffi.dlopen(path), "dlopen"
+        except OSError as error:
+            raise CLibraryError(f"cannot load the C library {path}: {error}") from error
+    _refuse_if_built_for_another_cpu(path, *loaded[:2])
+    return loaded
+
+
+def _load_through_glue(library: Path):
+    glue = _glue_beside(library)
+    if glue is None:
+        return None
     try:
-        lib = ffi.dlopen(path)
-    except OSError as error:
-        raise CLibraryError(f"cannot load the C library {path}: {error}") from error
-    return ffi, lib, "dlopen"
+        spec = importlib.util.spec_from_file_location(call_glue.MODULE_NAME, glue)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.ffi, module.lib, "compiled glue"
+    except ImportError:  # built for another interpreter, or damaged: dlopen still works
+        return None
+
+
+def _isa_list(ffi, lib, query: str) -> list[str]:
+    """What one of build_isa.c's two functions writes, as a list of extension names."""
+    size = 1024  # every name build_isa.c knows fits many times over
+    buffer = ffi.new("char[]", size)
+    try:
+        count = getattr(lib, query)(buffer, size)
+    except AttributeError:  # dlopen: the symbol is looked up at first use
+        raise CLibraryError(
+            f"the C library has no {query}(): it is not this project's library, or a build older "
+            "than its sources; rebuild it (or unset MATMUL_C_LIBRARY)"
+        ) from None
+    if count < 0:
+        raise CLibraryError(f"{query}() needed more than {size} bytes")
+    return ffi.string(buffer).decode().split()
+
+
+def _refuse_if_built_for_another_cpu(path: str, ffi, lib) -> None:
+    missing = _isa_list(ffi, lib, "matmul_build_missing_isa")
+    if missing:
+        raise CLibraryBuiltForAnotherCPU(
+            f"the C library {path} was compiled for instructions this CPU lacks ({', '.join(missing)}): "
+            "it was built for another CPU (-march=native or MATMUL_MARCH). Rebuild it on this one "
+            "(`pip install .`, or in a checkout delete build/harness-c), or build a portable one with "
+            "-DMATMUL_NATIVE=OFF (`pip install . -Ccmake.define.MATMUL_NATIVE=OFF`)"
+        )
+
+
+def build_isa() -> list[str]:
+    """The instruction-set extensions, beyond plain x86-64, the loaded library was compiled for
+    (empty for a portable build)."""
+    return _isa_list(*load(), "matmul_build_isa")
 
 
 _load_lock = threading.Lock()
@@ -235,6 +302,8 @@ def _locate_and_load():
     path = library_path()
     try:
         return _load(str(path))
+    except CLibraryBuiltForAnotherCPU:
+        raise  # loaded already: the process keeps this copy, rebuilt or not
     except CLibraryError:
         if os.environ.get("MATMUL_C_LIBRARY") or not sources.in_checkout():
             raise

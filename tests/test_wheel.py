@@ -1,4 +1,5 @@
-"""A regular (non-editable) install carries the library and every source file.
+"""A regular (non-editable) install carries the library and every source file, and its library
+is the portable build (it will be copied to other CPUs).
 
 Builds the wheel, installs it into a fresh virtual environment (which sees this
 environment's dependencies but not this checkout), and runs the harness from another folder.
@@ -49,12 +50,13 @@ def test_wheel_install_finds_every_source(tmp_path):
         "print(json.dumps({'package': str(s.PACKAGE_DIR), 'checkout': s.in_checkout(),\n"
         "  'missing': [i.source for i in harness.implementations() if i.source and not s.source_path(i.source).is_file()],\n"
         "  'sources': [i.source for i in harness.implementations() if i.source],\n"
-        "  'call_mode': harness.clib.call_mode()}))\n"
+        "  'call_mode': harness.clib.call_mode(), 'build_isa': harness.clib.build_isa()}))\n"
     )
     info = json.loads(_run([str(python), "-c", probe], cwd=elsewhere, env=env).stdout)
     assert Path(info["package"]).is_relative_to(site), info
     assert not info["checkout"] and not info["missing"] and info["sources"]
     assert info["call_mode"] == "compiled glue", info  # the wheel carries the call glue
+    assert info["build_isa"] == [], info  # portable: plain x86-64, whatever CPU built it
 
     listing = _run([str(python), "-m", "harness", "list"], cwd=elsewhere, env=env).stdout
     assert "c.blocked" in listing and "python.ikj" in listing
