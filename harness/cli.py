@@ -7,6 +7,7 @@ import sys
 from . import registry
 from .core import run_mode
 from .inputs import parse_shape, shape_argument
+from .switches import switch_problems
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,6 +113,8 @@ def main(argv=None) -> int:
     reporting.add_argument("directory", nargs="?", default="out")
 
     args = parser.parse_args(argv)
+    for problem in switch_problems():
+        parser.error(problem)
     if args.command in EXPERIMENTS:
         options = {k: v for k, v in vars(args).items() if k not in ("command", "out")}
         try:

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 
 from .inputs import Shape, dtype_name, numpy_dtype
+from .switches import switch
 
 ALLOW_SLOW_ENV = "MATMUL_ALLOW_SLOW"
 
@@ -100,7 +101,7 @@ def run_mode(impl: Implementation) -> str:
 def slow_allowed(allow_slow: bool | None) -> bool:
     if allow_slow is not None:
         return allow_slow
-    return os.environ.get(ALLOW_SLOW_ENV, "") not in ("", "0", "false", "no")
+    return switch(ALLOW_SLOW_ENV)
 
 
 def problem_bytes(shape: Shape, dtype) -> int:

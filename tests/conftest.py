@@ -40,7 +40,9 @@ REQUIRE_GPU_ENV = "MATMUL_REQUIRE_GPU"
 
 
 def _gpu_required() -> bool:
-    return os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0", "false", "no")
+    from harness.switches import switch
+
+    return switch(REQUIRE_GPU_ENV)
 
 
 def _is_gpu_module(path) -> bool:

@@ -3,6 +3,8 @@ machines' faults do. Each section is one class of fault, each test one way to me
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +15,11 @@ import harness
 from harness.core import Implementation
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 # ---- inputs no row can change --------------------------------------------------------------------
@@ -116,3 +123,57 @@ def test_an_experiment_reports_an_implementation_that_writes_into_its_inputs(mon
     assert "wrote into its input A" in entry["skipped"]
     fresh = common.inputs(harness.parse_shape("8"), "float32")[0]  # what it wrote into is forgotten
     np.testing.assert_array_equal(fresh, harness.make_inputs("8", "float32")[0])
+
+
+# ---- one parser for switches ---------------------------------------------------------------------
+SPELLINGS = [("1", True), ("true", True), ("True", True), ("YES", True), ("on", True), (" On ", True),
+             ("0", False), ("false", False), ("False", False), ("no", False), ("NO", False), ("off", False),
+             ("Off", False)]
+
+
+@pytest.mark.parametrize("value, meaning", SPELLINGS)
+def test_every_boolean_spelling_means_what_it_says(monkeypatch, value, meaning):
+    from harness.backends.cuda import emulation
+    from harness.core import slow_allowed
+    from harness.switches import switch
+
+    for name in ("MATMUL_ALLOW_SLOW", "MATMUL_CUDA_EMULATE", "MATMUL_REQUIRE_GPU"):
+        monkeypatch.setenv(name, value)
+        assert switch(name) is meaning
+    assert slow_allowed(None) is meaning
+    assert emulation.emulation_requested() is meaning
+
+
+def test_allow_slow_false_refuses_what_it_would_allow(monkeypatch):
+    from harness.core import check_problem
+
+    monkeypatch.setenv("MATMUL_ALLOW_SLOW", "False")
+    with pytest.raises(harness.MatmulInputError, match="too long"):
+        check_problem(harness.lookup("python.ijk"), harness.parse_shape(1024), "float32")
+    monkeypatch.setenv("MATMUL_ALLOW_SLOW", "yes")
+    check_problem(harness.lookup("python.ijk"), harness.parse_shape(1024), "float32")
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_switch_is_its_default(monkeypatch, value):
+    from harness.switches import switch
+
+    monkeypatch.setenv("MATMUL_ALLOW_SLOW", value)
+    assert switch("MATMUL_ALLOW_SLOW") is False and switch("MATMUL_ALLOW_SLOW", default=True) is True
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "y", "enabled", "nope"])
+def test_a_switch_that_is_neither_yes_nor_no_is_a_clear_error(monkeypatch, value):
+    from harness.switches import SwitchError, switch
+
+    monkeypatch.setenv("MATMUL_CUDA_EMULATE", value)
+    with pytest.raises(SwitchError, match=f"MATMUL_CUDA_EMULATE='{value}' is neither yes nor no") as caught:
+        switch("MATMUL_CUDA_EMULATE")
+    assert "1/true/yes/on" in str(caught.value) and "0/false/no/off" in str(caught.value)
+
+
+def test_the_command_line_refuses_an_unreadable_switch_before_it_starts():
+    done = run_cli("compare", "--shapes", "8", "--impls", "numpy.matmul", env={"MATMUL_ALLOW_SLOW": "maybe"})
+    assert done.returncode == 2 and "MATMUL_ALLOW_SLOW='maybe' is neither yes nor no" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "matmul" not in done.stdout  # nothing ran

@@ -23,6 +23,7 @@ import numpy as np
 from ... import sources
 from ...clib import interprocess_lock
 from ...inputs import dtype_name
+from ...switches import switch
 from . import tensormap
 from .plans import Launch, TensorMapArg
 from .toolkit import cache_root
@@ -31,7 +32,7 @@ EMULATE_ENV = "MATMUL_CUDA_EMULATE"
 
 
 def emulation_requested() -> bool:
-    return os.environ.get(EMULATE_ENV, "") not in ("", "0", "false", "no")
+    return switch(EMULATE_ENV)
 
 
 def compiler() -> str | None:
