@@ -11,7 +11,7 @@ Shapes are ``N`` (square) or ``MxNxK``: C = A @ B is M x N and K is the inner di
 """
 from .checking import check, reference, tolerance
 from .compare import Results, Row, compare
-from .core import Implementation, Matmul, MatmulInputError, UnavailableError
+from .core import BrokenError, Implementation, Matmul, MatmulInputError, UnavailableError
 from .inputs import Shape, make_inputs, parse_shape
 from .registry import REGISTRY, implementations, lookup
 
@@ -22,7 +22,7 @@ def get(name: str, **options) -> Matmul:
 
 
 __all__ = [
-    "REGISTRY", "Implementation", "Matmul", "MatmulInputError", "Results", "Row", "Shape",
+    "REGISTRY", "BrokenError", "Implementation", "Matmul", "MatmulInputError", "Results", "Row", "Shape",
     "UnavailableError", "check", "compare", "get", "implementations", "make_inputs",
     "parse_shape", "reference", "tolerance",
 ]

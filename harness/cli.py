@@ -20,6 +20,34 @@ class _Parser(argparse.ArgumentParser):
 
 
 
+def _seed(text: str) -> int:
+    """A seed NumPy's generator takes: a whole number >= 0 (a usage error otherwise, not a row error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: expected a whole number >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid seed {value}: seeds are whole numbers >= 0")
+    return value
+
+
+def _thread_count_problem(args, command_parser) -> str | None:
+    """Why a --threads the user gave cannot be honoured: more threads than this process has
+    cores would be recorded as that many threads, and its % peak divided by them."""
+    given = getattr(args, "threads", None)
+    if given is None or given == command_parser.get_default("threads"):
+        return None  # a command's own default is its choice
+    from .backends.c import default_threads
+
+    cores = default_threads()
+    lowest = 0 if args.command == "compare" else 1
+    for value in given if isinstance(given, list) else [given]:
+        if not lowest <= value <= cores:
+            zero = ", or 0 for each library's default" if args.command == "compare" else ""
+            return f"--threads {value}: this process may use {cores} core(s); choose 1 to {cores}{zero}"
+    return None
+
+
 def implementation_table(markdown: bool = False) -> str:
     """Every implementation, with whether it can run here (or, for --markdown, its metadata)."""
     impls = registry.implementations()
@@ -89,7 +117,7 @@ def main(argv=None) -> int:
                            choices=["float32", "float64", "float16", "bfloat16"])
     comparing.add_argument("--threads", type=int, default=1, help="BLAS and kernel threads (default 1; 0 = library default)")
     comparing.add_argument("--min-time", type=float, default=0.2, help="seconds of timed runs per row (default 0.2)")
-    comparing.add_argument("--seed", type=int, default=0)
+    comparing.add_argument("--seed", type=_seed, default=0, help="seeds the inputs (an integer >= 0; default 0)")
     comparing.add_argument("--allow-slow", action="store_true", help="run pure Python even on sizes that take hours")
     comparing.add_argument("--no-baseline", action="store_true", help="do not add the library baseline")
     comparing.add_argument("--json", metavar="PATH", help="write results and machine info as JSON")
@@ -104,6 +132,7 @@ def main(argv=None) -> int:
         module.add_arguments(experiment)
         experiment.add_argument("--out", default="out", metavar="DIR", help=f"where {name}.json and {name}.png go (default out)")
 
+    command_parsers = dict(commands.choices)
     everything = commands.add_parser("experiments", help="run every experiment, then write the report")
     everything.add_argument("--out", default="out", metavar="DIR")
     everything.add_argument("--only", nargs="+", choices=list(EXPERIMENTS), metavar="NAME", help="a subset, by name")
@@ -115,6 +144,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     for problem in switch_problems():
         parser.error(problem)
+    if args.command in command_parsers:
+        problem = _thread_count_problem(args, command_parsers[args.command])
+        if problem:
+            parser.error(problem)
     if args.command in EXPERIMENTS:
         options = {k: v for k, v in vars(args).items() if k not in ("command", "out")}
         try:
@@ -132,12 +165,15 @@ def main(argv=None) -> int:
     if args.command == "report":
         from .report import write_report
 
+        problems: list[str] = []
         try:
-            print(f"wrote {write_report(args.directory)}")
+            print(f"wrote {write_report(args.directory, problems)}")
         except FileNotFoundError as error:
             sys.stderr.write(f"{error}\n")
             return 1
-        return 0
+        for problem in problems:
+            sys.stderr.write(f"left out: {problem}\n")
+        return 1 if problems else 0
     if args.command == "verdicts":
         from .verdicts import main as judge
 
@@ -157,8 +193,6 @@ def main(argv=None) -> int:
 
     from .compare import compare
 
-    if args.threads < 0:
-        parser.error("--threads must be >= 0")
     try:
         registry.implementations(*(args.impls or []))
     except KeyError as error:

@@ -394,6 +394,15 @@ def compare(
     unless ``baselines=False``. ``options`` maps an implementation name to keyword options
     (``{"c.blocked": {"tile": 32}}``).
     """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    if threads is not None:
+        from .backends.c import default_threads
+
+        cores = default_threads()
+        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= cores:
+            raise ValueError(f"threads must be a whole number from 1 to {cores} (the cores this process may use), "
+                             f"or None for each library's default; got {threads!r}")
     shapes = [parse_shape(s) for s in ([shapes] if isinstance(shapes, (str, int)) else shapes)]
     dtypes = [dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
     patterns = [impls] if isinstance(impls, str) else list(impls or [])
@@ -540,9 +549,10 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
     except MatmulInputError as error:
         row.status = f"skipped: {error}"
         return row
-    reason = impl.unavailable_reason()
+    reason, broken = impl.availability()
     if reason:
-        row.status = f"unavailable: {reason}"
+        # A build or load that failed is an error to fix; a machine without a GPU is not.
+        row.status = f"{'error' if broken else 'unavailable'}: {reason}"
         return row
     run_options = dict(impl_options)
     if impl.threaded and threads is not None:

@@ -39,6 +39,12 @@ class UnavailableError(RuntimeError):
     """The implementation cannot run on this machine (no GPU, a package missing, ...)."""
 
 
+class BrokenError(UnavailableError):
+    """The implementation should run here, but its build or load failed (the C library did not
+    build, MATMUL_C_LIBRARY names a library that is not ours): a fault to fix, which a
+    comparison reports as an error, unlike a machine that lacks a GPU or a package."""
+
+
 class Prepared(Protocol):
     mode: str  # "native", or "emulated"/"interpreted" for CPU stand-ins that are never timed
 
@@ -79,10 +85,17 @@ class Implementation:
     threaded: bool = False         # accepts a `threads` option
 
     def unavailable_reason(self) -> str | None:
+        return self.availability()[0]
+
+    def availability(self) -> tuple[str | None, bool]:
+        """(why it cannot run here, or None; whether that is a fault: a build or load that
+        failed, raised by the backend as BrokenError, rather than something this machine lacks)."""
         try:
-            return self.backend.unavailable_reason(self)
+            return self.backend.unavailable_reason(self), False
+        except BrokenError as error:
+            return str(error), True
         except Exception as error:  # a probe that fails is a reason, not a crash
-            return f"{type(error).__name__}: {error}"
+            return f"{type(error).__name__}: {error}", False
 
     @property
     def available(self) -> bool:
@@ -303,9 +316,9 @@ class Matmul:
         return self._prepare_validated(*validate_inputs(self.impl, a, b, self.allow_slow))
 
     def _prepare_validated(self, a: np.ndarray, b: np.ndarray) -> Prepared:
-        reason = self.impl.unavailable_reason()
+        reason, broken = self.impl.availability()
         if reason:
-            raise UnavailableError(f"{self.impl.name} is unavailable here: {reason}")
+            raise (BrokenError if broken else UnavailableError)(f"{self.impl.name} is unavailable here: {reason}")
         if 0 in a.shape or 0 in b.shape:
             # Nothing to compute, and a GPU grid of zero blocks is an error: every
             # implementation gives what NumPy gives (zeros when K = 0, else an empty array).
@@ -373,8 +386,8 @@ class Matmul:
             if bind is None:
                 self._call = False
             else:
-                reason = self.impl.unavailable_reason()
+                reason, broken = self.impl.availability()
                 if reason:
-                    raise UnavailableError(f"{self.impl.name} is unavailable here: {reason}")
+                    raise (BrokenError if broken else UnavailableError)(f"{self.impl.name} is unavailable here: {reason}")
                 self._call = bind(self.impl, self.options)
         return self._call or None

@@ -106,17 +106,19 @@ def measured_fma_roofs() -> dict | None:
         from . import clib
 
         ffi, lib = clib.load()
+        # looked up here: a library that is not ours (MATMUL_C_LIBRARY) loads, and lacks them
+        measure_fma, measure_read = lib.matmul_measure_fma_gflops, lib.matmul_measure_read_gbps
     except Exception:
         return None
     measured = {}
     for dtype, size in (("float32", 4), ("float64", 8)):
         median = ffi.new("double *")
-        best = float(lib.matmul_measure_fma_gflops(size, ROOF_TRIALS, median))
+        best = float(measure_fma(size, ROOF_TRIALS, median))
         if best <= 0:
             return None
         measured[dtype] = {"best": round(best, 2), "median": round(float(median[0]), 2)}
     median = ffi.new("double *")
-    best = float(lib.matmul_measure_read_gbps(READ_BYTES, READ_TRIALS, median))
+    best = float(measure_read(READ_BYTES, READ_TRIALS, median))
     if best > 0:
         measured["read_gbps"] = {"best": round(best, 2), "median": round(float(median[0]), 2)}
     key = f"{cpu_model()} | {' '.join(simd_flags())}"

@@ -23,24 +23,56 @@ def machine_label(machine: dict) -> str:
     return "; ".join(parts)
 
 
-def write_report(directory) -> Path:
-    directory = Path(directory)
-    sections, machines = [], []
-    for name, module in EXPERIMENTS.items():
-        path = directory / f"{name}.json"
-        if not path.is_file():
-            continue
+def _section(directory: Path, name: str, module) -> tuple[str, str]:
+    """(the report's section for one experiment's JSON, its machine label); ValueError, with
+    the reason, for a file that is not that experiment's JSON (cut short, edited, another's)."""
+    path = directory / f"{name}.json"
+    try:
         data = json.loads(path.read_text())
-        machines.append(machine_label(data.get("machine", {})))
-        image = f"{name}.png"
-        command = f"python -m harness {name} --out {directory}"
-        section = [f"## {module.TITLE}", "", f"`{command}`", ""]
-        if (directory / image).is_file():
-            section += [f"![{name}]({image})", ""]
-        section += [module.summarize(data), ""]
-        sections.append("\n".join(section))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+    except UnicodeDecodeError:
+        raise ValueError("is not text") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"holds a JSON {type(data).__name__}, not an experiment's results")
+    try:
+        machine = data.get("machine", {})
+        label = machine_label(machine if isinstance(machine, dict) else {})
+        summary = module.summarize(data)
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as error:
+        raise ValueError(f"is not what `python -m harness {name}` writes ({type(error).__name__}: {error})") from None
+    image = f"{name}.png"
+    section = [f"## {module.TITLE}", "", f"`python -m harness {name} --out {directory}`", ""]
+    if (directory / image).is_file():
+        section += [f"![{name}]({image})", ""]
+    section += [summary, ""]
+    return "\n".join(section), label
+
+
+def write_report(directory, problems: list[str] | None = None) -> Path:
+    """Write DIR/REPORT.md from the experiments' JSON in DIR. A JSON that cannot be read is
+    left out, named in the report and appended to ``problems`` (when given), so one bad file
+    does not cost the rest; FileNotFoundError when there is nothing to report."""
+    directory = Path(directory)
+    sections, machines, left_out = [], [], []
+    for name, module in EXPERIMENTS.items():
+        if not (directory / f"{name}.json").is_file():
+            continue
+        try:
+            section, label = _section(directory, name, module)
+        except (OSError, ValueError) as error:
+            left_out.append(f"{directory / name}.json {error}")
+            continue
+        sections.append(section)
+        machines.append(label)
+    if problems is not None:
+        problems.extend(left_out)
     if not sections:
-        raise FileNotFoundError(f"no experiment results (*.json) in {directory}; run `python -m harness experiments --out {directory}` first")
+        found = f" ({'; '.join(left_out)})" if left_out else ""
+        raise FileNotFoundError(f"no readable experiment results (*.json) in {directory}{found}; "
+                                f"run `python -m harness experiments --out {directory}` first")
+    if left_out:
+        sections.append("\n".join(["## Left out", "", *(f"- {line}" for line in left_out), ""]))
     header = [
         "# Matmul report", "",
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by `python -m harness report {directory}`.", "",

@@ -9,6 +9,7 @@ against both the datasheet HBM bandwidth and the device-to-device copy measured 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,9 +75,12 @@ def _judge_one(target: Target, rows: dict, copy_gbps, datasheet_gbps) -> Verdict
         ratio = row.get("speedup")
         if ratio is None:
             return Verdict(target, "not judged", "no timed cuBLAS row at this shape")
-        detail = f"{ratio:.2f}x cuBLAS ({row['gflops'] / 1e3:.1f} TFLOP/s)"
+        rate = f" ({row['gflops'] / 1e3:.1f} TFLOP/s)" if row.get("gflops") is not None else ""
+        detail = f"{ratio:.2f}x cuBLAS{rate}"
         return Verdict(target, "met" if ratio >= target.at_least else "missed", detail)
-    gbps = row["gbytes_per_s"]
+    gbps = row.get("gbytes_per_s")
+    if gbps is None:
+        return Verdict(target, "not judged", "the row has no GB/s")
     if not datasheet_gbps:
         return Verdict(target, "not judged", f"{gbps:.0f} GB/s; no datasheet bandwidth for this GPU")
     share = gbps / datasheet_gbps
@@ -86,8 +90,53 @@ def _judge_one(target: Target, rows: dict, copy_gbps, datasheet_gbps) -> Verdict
     return Verdict(target, "met" if share >= target.at_least else "missed", detail)
 
 
+def read_comparison(path) -> dict:
+    """A comparison's JSON (``compare --json``), or ValueError saying in one line why ``path``
+    is not one: unreadable, empty, cut short, or JSON of another shape."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not text, so not a comparison's JSON") from None
+    if not text.strip():
+        raise ValueError(f"{path} is empty")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}; "
+                         "a file cut short reads so)") from None
+    if not isinstance(document, dict) or not isinstance(document.get("results"), list):
+        raise ValueError(f"{path} is not a comparison's JSON: it has no list of results")
+    for index, row in enumerate(document["results"]):
+        if not isinstance(row, dict) or not all(isinstance(row.get(key), str) for key in ("implementation", "shape", "dtype")):
+            raise ValueError(f"{path}: result {index} has no implementation, shape and dtype")
+        if not isinstance(row.get("status", ""), str):
+            raise ValueError(f"{path}: result {index} has a status that is not text: {row['status']!r}")
+        for key in ("median_s", "speedup", "gflops", "gbytes_per_s"):
+            if not _number_or_none(row.get(key)):
+                raise ValueError(f"{path}: result {index} has a {key} that is not a number: {row[key]!r}")
+    machine = document.get("machine", {})
+    gpu = machine.get("gpu") or {} if isinstance(machine, dict) else None
+    datasheet = gpu.get("datasheet") or {} if isinstance(gpu, dict) else None
+    if not isinstance(datasheet, dict) or not _number_or_none(gpu.get("copy_bandwidth_gbps")) \
+            or not _number_or_none(datasheet.get("bandwidth")):
+        raise ValueError(f"{path}: its machine section is not what a comparison writes")
+    return document
+
+
+def _number_or_none(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
 def main(paths: list[str]) -> int:
-    documents = [json.loads(Path(p).read_text()) for p in paths]
+    """0 when every target is met, 1 when one is missed or not judged, 2 when a file is not a
+    comparison's JSON (named on stderr, nothing judged)."""
+    try:
+        documents = [read_comparison(path) for path in paths]
+    except ValueError as error:
+        sys.stderr.write(f"verdicts: {error}\n")
+        return 2
     verdicts = judge(documents)
     for verdict in verdicts:
         print(verdict.line())

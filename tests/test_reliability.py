@@ -3,6 +3,7 @@ machines' faults do. Each section is one class of fault, each test one way to me
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -177,3 +178,153 @@ def test_the_command_line_refuses_an_unreadable_switch_before_it_starts():
     assert done.returncode == 2 and "MATMUL_ALLOW_SLOW='maybe' is neither yes nor no" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert "matmul" not in done.stdout  # nothing ran
+
+
+# ---- errors a person reads, exit codes a script can trust -----------------------------------------
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``python -m harness ARGS`` in this process: (exit code, stdout, stderr). A usage error
+    exits through SystemExit; anything else escaping would be the traceback a user sees."""
+    from harness.cli import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+BAD_COMPARISONS = {
+    "empty": "",
+    "cut short": '{"results": [{"implementation": "cuda.wmma", "sha',
+    "not JSON": "<html>502 Bad Gateway</html>",
+    "a list": "[]",
+    "null": "null",
+    "rows without names": '{"results": [{"status": "ok"}]}',
+    "a speedup in words": '{"results": [{"implementation": "cuda.mma", "shape": "4096x4096x4096", '
+                          '"dtype": "bfloat16", "status": "ok", "median_s": 1.0, "speedup": "fast"}]}',
+    "a machine that is a string": '{"results": [], "machine": "H200"}',
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_COMPARISONS))
+def test_verdicts_on_a_file_that_is_not_a_comparison_is_one_line_and_exit_2(tmp_path, capsys, kind):
+    path = tmp_path / "comparison.json"
+    path.write_text(BAD_COMPARISONS[kind])
+    code, out, err = cli(capsys, "verdicts", str(path))
+    assert code == 2 and out == ""
+    assert err.startswith(f"verdicts: {path}") and len(err.strip().splitlines()) == 1, err
+
+
+def test_verdicts_on_a_missing_file_says_so(tmp_path, capsys):
+    code, _, err = cli(capsys, "verdicts", str(tmp_path / "nothing.json"))
+    assert code == 2 and "cannot read" in err and "No such file" in err
+
+
+def test_report_leaves_out_a_corrupt_json_names_it_and_exits_1(tmp_path, capsys):
+    from harness.experiments import EXPERIMENTS
+
+    EXPERIMENTS["loads"].run(tmp_path, size=32, tiles=(4, 8))
+    (tmp_path / "association.json").write_text('{"experiment": "association", "rows": [')
+    (tmp_path / "roofline.json").write_text('{"experiment": "roofline"}')  # valid JSON, not roofline's
+    code, out, err = cli(capsys, "report", str(tmp_path))
+    assert code == 1 and "wrote" in out
+    assert "association.json is not valid JSON" in err and "roofline.json is not what" in err
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "![loads](loads.png)" in report and "## Left out" in report and "association.json" in report
+
+
+def test_report_with_only_corrupt_json_writes_nothing(tmp_path, capsys):
+    (tmp_path / "loads.json").write_text("")
+    code, _, err = cli(capsys, "report", str(tmp_path))
+    assert code == 1 and "no readable experiment results" in err and "loads.json" in err
+    assert not (tmp_path / "REPORT.md").exists()
+
+
+@pytest.fixture(scope="module")
+def foreign_library(tmp_path_factory) -> Path:
+    """A shared library with the one function the loader probes first, and none of the matmuls."""
+    import shutil
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build a stand-in library")
+    folder = tmp_path_factory.mktemp("foreign")
+    (folder / "foreign.c").write_text(
+        "#include <stdint.h>\nint64_t matmul_build_missing_isa(char *out, int64_t size) { if (size) out[0] = 0; return 0; }\n")
+    library = folder / "libforeign.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(folder / "foreign.c")], check=True)
+    return library
+
+
+def test_a_c_library_without_our_functions_is_a_reported_fault_not_an_attribute_error(foreign_library, tmp_path):
+    done = run_cli("compare", "--shapes", "8", "--impls", "c.packed", "c.naive_ikj", "--no-progress",
+                   "--json", str(tmp_path / "r.json"), env={"MATMUL_C_LIBRARY": str(foreign_library)})
+    assert "Traceback" not in done.stderr and "AttributeError" not in done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = {row["implementation"]: row["status"] for row in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert rows["numpy.matmul"] == "ok"
+    for name in ("c.packed", "c.naive_ikj"):
+        assert rows[name].startswith(f"error: MATMUL_C_LIBRARY={foreign_library} lacks"), rows[name]
+        assert "not a build of this project's C sources" in rows[name]
+    listing = run_cli("list", env={"MATMUL_C_LIBRARY": str(foreign_library)})
+    assert listing.returncode == 0 and "no: MATMUL_C_LIBRARY" in listing.stdout
+
+
+def test_compare_exits_1_when_a_named_implementation_errs_and_only_the_baseline_ran():
+    done = run_cli("compare", "--shapes", "8", "--impls", "c.naive_ikj", "--no-progress",
+                   env={"MATMUL_C_LIBRARY": "/nonexistent/libmatmul.so"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "numpy.matmul" in done.stdout and "error: cannot load the C library /nonexistent" in done.stdout
+
+
+def test_an_implementation_this_machine_cannot_run_is_reported_not_failed(monkeypatch):
+    monkeypatch.delenv("MATMUL_CUDA_EMULATE", raising=False)
+    if harness.lookup("cuda.tiled").unavailable_reason() is None:
+        pytest.skip("cuda.tiled runs here")
+    done = run_cli("compare", "--shapes", "8", "--impls", "c.naive_ikj", "cuda.tiled", "--no-progress",
+                   env={"MATMUL_CUDA_EMULATE": "0"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not run here" in done.stdout and "cuda.tiled" in done.stdout
+
+
+def test_an_unusable_tmpdir_is_named_when_the_c_library_cannot_be_had(monkeypatch, tmp_path):
+    from harness import clib
+
+    def build_fails():
+        raise clib.CLibraryError("building the C library failed: cannot create temporary file\n(full log: x)")
+
+    monkeypatch.setattr(clib, "load", build_fails)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "gone"))
+    reason, broken = harness.lookup("c.blocked").availability()
+    assert broken and f"TMPDIR={tmp_path / 'gone'} is not a writable folder" in reason
+
+
+@pytest.mark.parametrize("seed", ["-1", "x", "1.5"])
+def test_a_bad_seed_is_a_usage_error(capsys, seed):
+    code, out, err = cli(capsys, "compare", "--shapes", "8", "--impls", "numpy.matmul", "--seed", seed)
+    assert code == 2 and "invalid seed" in err and out == ""
+    with pytest.raises(ValueError, match="seed must be a whole number >= 0"):
+        harness.compare(["8"], "numpy.matmul", seed=-1)
+
+
+def test_more_threads_than_cores_is_a_usage_error(capsys):
+    from harness.backends.c import default_threads
+
+    too_many = str(default_threads() + 1)
+    code, out, err = cli(capsys, "compare", "--shapes", "8", "--impls", "numpy.matmul", "--threads", too_many)
+    assert code == 2 and f"--threads {too_many}: this process may use {default_threads()} core(s)" in err
+    code, _, err = cli(capsys, "association", "--size", "8", "--threads", too_many)
+    assert code == 2 and "--threads" in err
+    code, _, err = cli(capsys, "compare", "--shapes", "8", "--impls", "numpy.matmul", "--threads", "-1")
+    assert code == 2
+    with pytest.raises(ValueError, match="threads must be a whole number from 1 to"):
+        harness.compare(["8"], "numpy.matmul", threads=100000)
+
+
+def test_check_compares_dtypes_by_value_whatever_their_byte_order():
+    a = np.arange(12, dtype=">f4").reshape(3, 4)
+    b = np.ones((4, 2), ">f4")
+    assert harness.check(np.matmul(a, b).astype(np.float32), a, b).passed  # native result, big-endian problem
+    assert harness.check(np.matmul(a, b), a, b).passed
+    assert not harness.check(np.matmul(a, b).astype(np.float64), a, b).passed  # a different dtype still fails

@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from .. import clib
-from ..core import Implementation, MatmulInputError, UnavailableError
+from ..core import BrokenError, Implementation, MatmulInputError, UnavailableError
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 
@@ -73,10 +73,17 @@ class CBackend:
         self.option_names = option_names
 
     def unavailable_reason(self, impl):
+        # Every machine this project installs on builds the C library: not having it is a fault.
         try:
-            clib.load()
+            _, lib = clib.load()
         except clib.CLibraryError as error:
-            return str(error).splitlines()[0]
+            raise BrokenError(str(error).splitlines()[0] + _tmpdir_hint()) from None
+        missing = missing_functions(lib)
+        if missing:
+            override = os.environ.get("MATMUL_C_LIBRARY")
+            where = f"MATMUL_C_LIBRARY={override}" if override else "the C library"
+            raise BrokenError(f"{where} lacks {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''} "
+                              "of c/matmul.h: it is not a build of this project's C sources")
         return None
 
     def extra_args(self, impl, options):
@@ -125,6 +132,34 @@ class CBackend:
             return c
 
         return call
+
+
+_missing_by_library: dict[int, list[str]] = {}
+
+
+def missing_functions(lib) -> list[str]:
+    """The functions of c/matmul.h that ``lib`` lacks. ffi.dlopen loads any shared library and
+    looks a function up only when it is first used, so a library that is not ours (an
+    unrelated MATMUL_C_LIBRARY) would otherwise fail mid-run; checked once per library."""
+    key = id(lib)
+    if key not in _missing_by_library:
+        missing = []
+        for name in dir(lib):
+            try:
+                getattr(lib, name)
+            except AttributeError:
+                missing.append(name)
+        _missing_by_library[key] = missing
+    return _missing_by_library[key]
+
+
+def _tmpdir_hint() -> str:
+    """Why a build may have failed when TMPDIR is unusable (the compiler writes its temporary
+    files there, and its error names neither the variable nor the folder)."""
+    folder = os.environ.get("TMPDIR")
+    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
+        return f" (TMPDIR={folder} is not a writable folder, and the compiler writes its temporary files there)"
+    return ""
 
 
 # c.packed's micro-kernels and paths, by the numbers c/matmul.h gives them.
