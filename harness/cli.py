@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from . import registry
+from . import files, registry
 from .core import run_mode
 from .inputs import parse_shape, shape_argument
 from .switches import switch_problems
@@ -142,12 +143,41 @@ def main(argv=None) -> int:
     reporting.add_argument("directory", nargs="?", default="out")
 
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(parser, command_parsers, args)
+    except OSError as error:  # a write that failed after the checks (a disk that filled up, say)
+        if error.filename:  # files.replacing names the file, and left no part of it behind
+            sys.stderr.write(f"cannot write {error.filename}: {error.strerror or error}\n")
+        else:
+            sys.stderr.write(f"{parser.prog} {args.command}: {error}\n")
+        return 1
+
+
+def _refuse_unwritable(parser, paths=(), folders=()) -> None:
+    """A usage error, before anything is measured, for a destination that cannot be written."""
+    for path in paths:
+        problem = path and files.unwritable_reason(path)
+        if problem:
+            parser.error(f"cannot write {path}: {problem}")
+    for folder in folders:
+        problem = files.unwritable_folder_reason(folder)
+        if problem:
+            parser.error(f"cannot write into {folder}: {problem}")
+
+
+def _dispatch(parser, command_parsers, args) -> int:
+    from .experiments import EXPERIMENTS
+
     for problem in switch_problems():
         parser.error(problem)
     if args.command in command_parsers:
         problem = _thread_count_problem(args, command_parsers[args.command])
         if problem:
             parser.error(problem)
+    if args.command in EXPERIMENTS or args.command == "experiments":
+        _refuse_unwritable(parser, folders=[args.out])
+    if args.command == "report" and Path(args.directory).is_dir():  # (a missing one has nothing to report)
+        _refuse_unwritable(parser, paths=[str(Path(args.directory) / "REPORT.md")])
     if args.command in EXPERIMENTS:
         options = {k: v for k, v in vars(args).items() if k not in ("command", "out")}
         try:
@@ -197,11 +227,7 @@ def main(argv=None) -> int:
         registry.implementations(*(args.impls or []))
     except KeyError as error:
         parser.error(str(error.args[0]))
-    for path in (args.json, args.csv, args.plot):
-        if path:
-            problem = _unwritable(path)
-            if problem:
-                parser.error(f"cannot write {path}: {problem}")
+    _refuse_unwritable(parser, paths=[args.json, args.csv, args.plot])
     results = compare(
         args.shapes, args.impls, args.dtypes, threads=args.threads or None, min_time=args.min_time,
         seed=args.seed, allow_slow=True if args.allow_slow else None, baselines=not args.no_baseline,
@@ -219,20 +245,3 @@ def main(argv=None) -> int:
         sys.stderr.write("nothing ran: every row was skipped or unavailable (see the status column)\n")
         return 1
     return 0
-
-
-def _unwritable(path: str) -> str | None:
-    """Why ``path`` cannot be written, checked before a comparison that may take minutes."""
-    from pathlib import Path
-
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        existed = target.exists()
-        with open(target, "a"):
-            pass
-        if not existed:
-            target.unlink()
-    except OSError as error:
-        return error.strerror or str(error)
-    return None

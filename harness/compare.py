@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import machine
+from . import files, machine
 from .checking import Reference, check, reference_data
 from .core import InputGuard, Matmul, MatmulInputError, check_problem, tried_to_write_inputs, wrote_inputs_message
 from .inputs import Shape, dtype_name, make_inputs, parse_shape
@@ -181,21 +181,17 @@ class Results:
     def to_json(self, path) -> Path:
         """Strict JSON: a number that is NaN or infinite (the error of a failed row) is
         written as null; the row's status says what happened."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_finite_or_null(self.to_dict()), indent=2, default=str, allow_nan=False) + "\n")
-        return path
+        return files.write_text(path, json.dumps(_finite_or_null(self.to_dict()), indent=2, default=str,
+                                                 allow_nan=False) + "\n")
 
     def to_csv(self, path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         names = list(Row.__dataclass_fields__)
-        with path.open("w", newline="") as handle:
+        with files.replacing(path, newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=names)
             writer.writeheader()
             for row in self.rows:
                 writer.writerow(asdict(row))
-        return path
+        return Path(path)
 
     def plot(self, path, title: str | None = None) -> Path:
         """GFLOP/s against problem size, one line per implementation and dtype; GEMV shapes
@@ -205,8 +201,6 @@ class Results:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         timed = [row for row in self.rows if row.gflops is not None]
         gemv = [row for row in timed if parse_shape(row.shape).m == 1]
         gemm = [row for row in timed if parse_shape(row.shape).m != 1]
@@ -269,9 +263,10 @@ class Results:
             ax.set_title("GEMV shapes (M = 1): a bandwidth problem" if gemm else heading, fontsize=10)
             ax.tick_params(axis="y", labelsize=7)
         fig.tight_layout()
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        return path
+        try:
+            return files.save_figure(fig, path, dpi=120, bbox_inches="tight")
+        finally:
+            plt.close(fig)
 
 
 def _readable_log_ticks(axis) -> None:
@@ -284,7 +279,7 @@ def _readable_log_ticks(axis) -> None:
 
 
 def _finite_or_null(value):
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
         return {k: _finite_or_null(v) for k, v in value.items()}

@@ -98,10 +98,8 @@ def measured_fma_roofs() -> dict | None:
 
     Measured once per machine and kept in the user's cache: a later measurement replaces the
     kept one only if it is higher (noise only slows a measurement down), so one busy moment
-    cannot lower the roof for good.
+    cannot lower the roof for good (``remember_roofs``).
     """
-    import json
-
     try:
         from . import clib
 
@@ -113,31 +111,76 @@ def measured_fma_roofs() -> dict | None:
     measured = {}
     for dtype, size in (("float32", 4), ("float64", 8)):
         median = ffi.new("double *")
-        best = float(measure_fma(size, ROOF_TRIALS, median))
-        if best <= 0:
+        entry = {"best": round(float(measure_fma(size, ROOF_TRIALS, median)), 2), "median": round(float(median[0]), 2)}
+        if not _plausible_roof(dtype, entry):
             return None
-        measured[dtype] = {"best": round(best, 2), "median": round(float(median[0]), 2)}
+        measured[dtype] = entry
     median = ffi.new("double *")
-    best = float(measure_read(READ_BYTES, READ_TRIALS, median))
-    if best > 0:
-        measured["read_gbps"] = {"best": round(best, 2), "median": round(float(median[0]), 2)}
-    key = f"{cpu_model()} | {' '.join(simd_flags())}"
+    entry = {"best": round(float(measure_read(READ_BYTES, READ_TRIALS, median)), 2), "median": round(float(median[0]), 2)}
+    if _plausible_roof("read_gbps", entry):
+        measured["read_gbps"] = entry
+    return remember_roofs(f"{cpu_model()} | {' '.join(simd_flags())}", measured)
+
+
+# What no single core reaches, by far (the widest today: about 300 FP32 GFLOP/s, 50 GB/s
+# streamed): a kept roof beyond it is a damaged cache, not a measurement, and would make
+# every "% peak" read 0%.
+ROOF_LIMITS = {"float32": 10_000.0, "float64": 10_000.0, "read_gbps": 1_000.0}
+
+
+def _plausible_roof(kind: str, entry) -> bool:
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= ROOF_LIMITS[kind]
+
+    return (isinstance(entry, dict) and number(entry.get("best"))
+            and ("median" not in entry or number(entry["median"])))
+
+
+def _read_roof_cache(cache) -> dict:
+    """The roof cache's entries that are well formed: {machine key: {kind: {"best", "median"}}}.
+    Anything else in it (not JSON, null, a list, a string, "best": "1e9", 1e30, Infinity) is
+    treated as absent, and replaced at the next write."""
+    import json
+
+    try:
+        kept = json.loads(cache.read_text())
+    except (OSError, ValueError):  # missing, unreadable, not JSON (ValueError covers bad UTF-8)
+        return {}
+    if not isinstance(kept, dict):
+        return {}
+    valid = {}
+    for key, roofs in kept.items():
+        if isinstance(roofs, dict):
+            good = {kind: entry for kind, entry in roofs.items() if kind in ROOF_LIMITS and _plausible_roof(kind, entry)}
+            if good:
+                valid[key] = good
+    return valid
+
+
+def _keep_best(previous: dict, measured: dict) -> dict:
+    return {kind: previous[kind] if kind in previous and previous[kind]["best"] > entry["best"] else entry
+            for kind, entry in measured.items()}
+
+
+def remember_roofs(key: str, measured: dict) -> dict:
+    """``measured`` with each roof raised to the best kept for ``key`` in the user's cache,
+    which is updated to match. Read, merged and written under a lock, so processes measuring
+    at once each keep the best of everyone's; the file is replaced whole (files.py)."""
+    import json
+
+    from . import files
+
     cache = _roof_cache_path()
     try:
-        kept = json.loads(cache.read_text()) if cache.is_file() else {}
-    except (OSError, ValueError):
-        kept = {}
-    previous = kept.get(key, {})
-    for dtype, value in measured.items():
-        if previous.get(dtype, {}).get("best", 0) > value["best"]:
-            measured[dtype] = previous[dtype]
-    try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        kept[key] = measured
-        cache.write_text(json.dumps(kept, indent=2))
-    except OSError:
-        pass  # a read-only home: the measurement still serves this process
-    return measured
+        with files.locked(cache.with_name(cache.name + ".lock")):
+            kept = _read_roof_cache(cache)
+            best = _keep_best(kept.get(key, {}), measured)
+            kept[key] = best
+            files.write_text(cache, json.dumps(kept, indent=2, allow_nan=False) + "\n")
+    except OSError:  # a read-only home: the best known still serves this process
+        best = _keep_best(_read_roof_cache(cache).get(key, {}), measured)
+    return best
 
 
 def memory_read_gbps() -> float | None:

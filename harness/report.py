@@ -5,6 +5,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+from . import files
 from .experiments import EXPERIMENTS
 
 
@@ -80,6 +81,4 @@ def write_report(directory, problems: list[str] | None = None) -> Path:
         *(f"- {label}" for label in dict.fromkeys(machines)),
         "",
     ]
-    report = directory / "REPORT.md"
-    report.write_text("\n".join(header + sections))
-    return report
+    return files.write_text(directory / "REPORT.md", "\n".join(header + sections))

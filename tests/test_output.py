@@ -153,10 +153,11 @@ def test_the_cpu_roof_is_measured_and_kept_at_its_best(tmp_path, monkeypatch):
     assert roofs["float32"]["best"] > roofs["float64"]["best"]  # twice the lanes
     kept = json.loads((tmp_path / "matmul-reference" / "cpu-roofs.json").read_text())
     (key,) = kept
-    kept[key]["float32"]["best"] = 1e9  # a better earlier measurement is kept, not lowered
+    better = round(roofs["float32"]["best"] * 1.5, 2)
+    kept[key]["float32"]["best"] = better  # a better earlier measurement is kept, not lowered
     (tmp_path / "matmul-reference" / "cpu-roofs.json").write_text(json.dumps(kept))
     machine.measured_fma_roofs.cache_clear()
-    assert machine.cpu_peak_gflops("float32", cores=2) == 2e9
+    assert machine.cpu_peak_gflops("float32", cores=2) == 2 * better
     machine.measured_fma_roofs.cache_clear()
 
 

@@ -328,3 +328,167 @@ def test_check_compares_dtypes_by_value_whatever_their_byte_order():
     assert harness.check(np.matmul(a, b).astype(np.float32), a, b).passed  # native result, big-endian problem
     assert harness.check(np.matmul(a, b), a, b).passed
     assert not harness.check(np.matmul(a, b).astype(np.float64), a, b).passed  # a different dtype still fails
+
+
+# ---- outputs written whole or not at all ---------------------------------------------------------
+def disk_full(monkeypatch, error=None):
+    """A fake full disk: the flush to the disk at the end of every write fails, as a full disk does."""
+    import errno
+
+    from harness import files
+
+    def full(descriptor):
+        raise error or OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir() if path.name.endswith(".partial"))
+
+
+@pytest.fixture(scope="module")
+def small_results():
+    return harness.compare(["8"], ["numpy.matmul"], ["float32"], min_time=0.001)
+
+
+@pytest.mark.parametrize("writer", ["to_json", "to_csv", "plot"])
+def test_a_full_disk_leaves_the_previous_file_whole_and_no_partial_one(monkeypatch, tmp_path, small_results, writer):
+    path = tmp_path / f"out.{ {'to_json': 'json', 'to_csv': 'csv', 'plot': 'png'}[writer]}"
+    getattr(small_results, writer)(path)
+    before = path.read_bytes()
+    disk_full(monkeypatch)
+    with pytest.raises(OSError, match="No space left") as caught:
+        getattr(small_results, writer)(path)
+    assert caught.value.filename == str(path)
+    assert path.read_bytes() == before and leftovers(tmp_path) == []
+
+
+def test_a_write_cut_short_by_ctrl_c_leaves_no_file(monkeypatch, tmp_path, small_results):
+    disk_full(monkeypatch, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        small_results.to_json(tmp_path / "out.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_on_a_full_disk_says_so_without_a_traceback(monkeypatch, tmp_path, capsys):
+    target = tmp_path / "r.json"
+    target.write_text('{"kept": true}')
+    disk_full(monkeypatch)
+    code, out, err = cli(capsys, "compare", "--shapes", "8", "--impls", "numpy.matmul", "--no-progress",
+                         "--json", str(target))
+    assert code == 1 and f"cannot write {target}: No space left on device" in err
+    assert target.read_text() == '{"kept": true}' and leftovers(tmp_path) == []
+
+
+def test_experiment_files_and_reports_are_written_whole(monkeypatch, tmp_path):
+    from harness.experiments import EXPERIMENTS
+    from harness.report import write_report
+
+    EXPERIMENTS["loads"].run(tmp_path, size=32, tiles=(4, 8))
+    write_report(tmp_path)
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    disk_full(monkeypatch)
+    with pytest.raises(OSError):
+        EXPERIMENTS["loads"].run(tmp_path, size=32, tiles=(4, 8))
+    with pytest.raises(OSError):
+        write_report(tmp_path)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_experiment_json_is_strict(tmp_path):
+    from harness.experiments import common
+
+    figure = common.pyplot().figure()
+    data = common.write(tmp_path, "strict", {"roof": float("inf"), "ratio": np.float32("nan"), "n": np.int64(3)}, figure)
+    text = (tmp_path / "strict.json").read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    written = json.loads(text)
+    assert written["roof"] is None and written["ratio"] is None and written["n"] == 3 and data["n"] == 3
+
+
+def test_an_experiment_refuses_an_unwritable_out_before_it_measures(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for command in (["association", "--size", "8"], ["experiments", "--only", "loads"]):
+        code, out, err = cli(capsys, *command, "--out", str(blocker / "results"))
+        assert code == 2 and f"cannot write into {blocker / 'results'}" in err, err
+        assert "==" not in out  # nothing was measured
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_out_folder_is_refused_before_anything_runs(tmp_path):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        done = run_cli("association", "--size", "8", "--out", str(folder))
+        assert done.returncode == 2 and "cannot write into" in done.stderr and "==" not in done.stdout
+        done = run_cli("compare", "--shapes", "8", "--impls", "numpy.matmul", "--json", str(folder / "r.json"))
+        assert done.returncode == 2 and "cannot write" in done.stderr
+    finally:
+        folder.chmod(0o755)
+
+
+# the roof cache: a per-user file every comparison reads
+MEASURED = {"float32": {"best": 100.0, "median": 95.0}, "float64": {"best": 50.0, "median": 48.0},
+            "read_gbps": {"best": 20.0, "median": 19.0}}
+KEY = "a CPU | avx2 fma"
+
+
+@pytest.fixture
+def roof_cache(monkeypatch, tmp_path) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "matmul-reference" / "cpu-roofs.json"
+
+
+@pytest.mark.parametrize("text", [
+    "null", "[]", '"a string"', "{", "", "\x00\xff",
+    json.dumps({KEY: None}), json.dumps({KEY: []}), json.dumps({KEY: {"float32": "fast"}}),
+    json.dumps({KEY: {"float32": {"best": "1e9"}}}), json.dumps({KEY: {"float32": {"best": 1e30}}}),
+    f'{{"{KEY}": {{"float32": {{"best": Infinity}}}}}}', f'{{"{KEY}": {{"float32": {{"best": NaN}}}}}}',
+    json.dumps({KEY: {"float32": {"best": -5.0}}}), json.dumps({KEY: {"float32": {"best": True}}}),
+    json.dumps({KEY: {"float32": {"best": 200.0, "median": "x"}}}),
+])
+def test_a_malformed_roof_cache_is_treated_as_absent_and_rewritten(roof_cache, text):
+    from harness import machine
+
+    roof_cache.parent.mkdir(parents=True)
+    roof_cache.write_text(text, encoding="latin-1")
+    assert machine.remember_roofs(KEY, MEASURED) == MEASURED
+    assert json.loads(roof_cache.read_text()) == {KEY: MEASURED}  # strict JSON, only good values
+
+
+def test_a_better_kept_roof_survives_and_other_machines_entries_are_kept(roof_cache):
+    from harness import machine
+
+    roof_cache.parent.mkdir(parents=True)
+    other = {"another CPU | avx512f": {"float32": {"best": 250.0, "median": 240.0}}}
+    roof_cache.write_text(json.dumps({**other, KEY: {"float32": {"best": 120.0, "median": 90.0}}}))
+    kept = machine.remember_roofs(KEY, MEASURED)
+    assert kept["float32"] == {"best": 120.0, "median": 90.0} and kept["float64"] == MEASURED["float64"]
+    assert json.loads(roof_cache.read_text()) == {**other, KEY: kept}
+
+
+CONCURRENT_WRITER = """
+import sys
+from harness import machine
+me, rounds = int(sys.argv[1]), int(sys.argv[2])
+for round in range(1, rounds + 1):
+    machine.remember_roofs(f"writer {me}", {"float32": {"best": float(round), "median": 1.0}})
+    machine.remember_roofs("shared", {"float32": {"best": float(100 * me + round), "median": 1.0}})
+"""
+
+
+def test_concurrent_writers_keep_every_entry_and_the_best_value(roof_cache):
+    writers, rounds = 8, 15
+    env = {**os.environ, "XDG_CACHE_HOME": str(roof_cache.parents[1])}
+    processes = [subprocess.Popen([sys.executable, "-c", CONCURRENT_WRITER, str(me), str(rounds)], cwd=ROOT, env=env,
+                                  stderr=subprocess.PIPE, text=True) for me in range(writers)]
+    for process in processes:
+        assert process.wait(timeout=120) == 0, process.stderr.read()
+    kept = json.loads(roof_cache.read_text())
+    assert {f"writer {me}" for me in range(writers)} <= set(kept)  # no update lost
+    assert all(kept[f"writer {me}"]["float32"]["best"] == rounds for me in range(writers))
+    assert kept["shared"]["float32"]["best"] == 100 * (writers - 1) + rounds
+    assert leftovers(roof_cache.parent) == []

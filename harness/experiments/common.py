@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import machine
+from .. import files, machine
 from functools import lru_cache
 
 from ..checking import check
-from ..compare import blas_limits, reference_for
+from ..compare import _finite_or_null, blas_limits, reference_for
 from ..core import (InputGuard, Matmul, MatmulInputError, UnavailableError, check_problem, tried_to_write_inputs,
                     wrote_inputs_message)
 from ..inputs import make_inputs, parse_shape
@@ -111,11 +111,15 @@ def write(out_dir, name: str, data: dict, figure) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = {"experiment": name, "machine": machine.machine_info(), **data}
-    (out_dir / f"{name}.json").write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
-    figure.savefig(out_dir / f"{name}.png", dpi=120, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
-    plt.close(figure)
+    try:
+        # strict JSON, as compare writes: a number that is not finite becomes null
+        text = json.dumps(_finite_or_null(data), indent=2, default=_jsonable, allow_nan=False)
+        files.write_text(out_dir / f"{name}.json", text + "\n")
+        files.save_figure(figure, out_dir / f"{name}.png", dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(figure)
     return data
 
 

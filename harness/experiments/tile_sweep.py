@@ -33,9 +33,9 @@ from typing import Sequence
 
 import math
 
-from .. import machine
+from .. import files, machine
 from ..checking import check, reference
-from ..compare import blas_limits
+from ..compare import _finite_or_null, blas_limits
 from ..core import Matmul
 from ..inputs import Shape, make_inputs, parse_shape
 from ..registry import lookup
@@ -182,7 +182,7 @@ def run(out_dir, shape=1024, tiles: Sequence[int] = (8, 16, 32, 64, 128, 256), d
         "caches": cache_sizes(),
         "machine": machine.machine_info(),
     }
-    (out_dir / f"{NAME}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    files.write_text(out_dir / f"{NAME}.json", json.dumps(_finite_or_null(data), indent=2, default=str, allow_nan=False) + "\n")
     _plot(data, out_dir / f"{NAME}.png")
     return data
 
@@ -223,8 +223,10 @@ def _plot(data: dict, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        files.save_figure(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
 
 
 def findings(data: dict) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import sources
+from ... import files, sources
 from ...clib import interprocess_lock
 from ...inputs import dtype_name
 from ...switches import switch
@@ -142,9 +142,9 @@ def build_emulation(relative: str, variant: str = "fibers", sanitize: str | None
         if not kernels:
             raise RuntimeError(f'{relative} declares no extern "C" __global__ kernel')
         source_file = out_dir / f"{stem}.src.cu"
-        source_file.write_text(text)
+        files.write_text(source_file, text)
         unit = out_dir / f"{stem}.cpp"
-        unit.write_text(translation_unit(source_file, kernels, main))
+        files.write_text(unit, translation_unit(source_file, kernels, main))
         temporary = output.with_name(output.name + f".tmp{os.getpid()}")
         command = [compiler(), *flags, *([] if executable else ["-shared"]), str(unit), "-o", str(temporary)]
         done = subprocess.run(command, capture_output=True, text=True)

@@ -16,7 +16,7 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
-from ... import sources
+from ... import files, sources
 
 NVCC_OPTIONS = ("-std=c++17", "-O3")
 ARCHS = ("sm_80", "sm_90")            # what the compile check builds for (BF16 WMMA needs sm_80)
@@ -122,6 +122,6 @@ def compile_cubin(relative: str, arch: str) -> tuple[Path, str]:
         raise RuntimeError(f"nvcc failed on {relative} for {arch}:\n{' '.join(command)}\n{log[-6000:]}")
     # The log first, then the cubin, each replaced atomically: a cubin found implies its log.
     with _compile_lock:
-        log_file.write_text(json.dumps({"log": log}))
+        files.write_text(log_file, json.dumps({"log": log}))
         os.replace(temporary, cubin)
     return cubin, log
