@@ -53,19 +53,16 @@ _build_lock = threading.Lock()
 
 @contextmanager
 def interprocess_lock(build_dir: Path):
-    """Serialise builds across processes (pytest workers, a second shell) on one build dir."""
+    """Serialise builds across processes (pytest workers, a second shell) on one build dir.
+
+    The lock file is never followed through a symlink nor truncated (files.locked): a link
+    planted at build/.../.build.lock is refused, not written through. Where there is no flock
+    (Windows), builds are only serialised within a process."""
+    from . import files
+
     build_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock; builds are then only serialised within a process
+    with files.locked(build_dir / ".build.lock"):
         yield
-        return
-    with open(build_dir / ".build.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _library_filename() -> str:

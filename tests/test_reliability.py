@@ -492,3 +492,47 @@ def test_concurrent_writers_keep_every_entry_and_the_best_value(roof_cache):
     assert all(kept[f"writer {me}"]["float32"]["best"] == rounds for me in range(writers))
     assert kept["shared"]["float32"]["best"] == 100 * (writers - 1) + rounds
     assert leftovers(roof_cache.parent) == []
+
+
+# ---- read-only checkouts, and locks that never follow a symlink ----------------------------------
+def test_an_emulated_kernel_already_built_runs_without_taking_the_build_lock(monkeypatch):
+    from harness.backends.cuda import emulation
+
+    if emulation.emulation_unavailable_reason():
+        pytest.skip(emulation.emulation_unavailable_reason())
+    monkeypatch.setenv("MATMUL_CUDA_EMULATE", "1")
+    a, b = harness.make_inputs("17x9x5", "float32")
+    harness.get("cuda.tiled")(a, b)  # built (or found built) once
+
+    def read_only_checkout(*args):
+        raise OSError(30, "Read-only file system", str(emulation.emu_build_dir() / ".build.lock"))
+
+    monkeypatch.setattr(emulation, "interprocess_lock", read_only_checkout)
+    assert harness.check(harness.get("cuda.tiled")(a, b), a, b).passed
+    results = harness.compare(["17x9x5"], ["cuda.tiled"], ["float32"], baselines=False)
+    assert results.rows[0].passed, results.rows[0].status
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_build_lock_never_follows_a_symlink(tmp_path, dangling):
+    from harness import clib
+
+    victim = tmp_path / "victim.txt"
+    if not dangling:
+        victim.write_text("precious")
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / ".build.lock").symlink_to(victim)
+    with pytest.raises(OSError, match="symlink"):
+        with clib.interprocess_lock(build):
+            pytest.fail("locked through a symlink")
+    assert victim.read_text() == "precious" if not dangling else not victim.exists()
+
+
+def test_a_build_lock_is_taken_and_released(tmp_path):
+    from harness import clib
+
+    with clib.interprocess_lock(tmp_path / "build"):
+        assert (tmp_path / "build" / ".build.lock").is_file()
+    with clib.interprocess_lock(tmp_path / "build"):  # released: it can be taken again
+        pass

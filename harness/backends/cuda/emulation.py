@@ -135,8 +135,11 @@ def build_emulation(relative: str, variant: str = "fibers", sanitize: str | None
     out_dir = emu_build_dir()
     stem = f"{path.stem}{'-' + tag if tag else ''}-{variant}{'-' + sanitize if sanitize else ''}-{key}"
     output = out_dir / (stem + ("" if executable else ".so"))
+    # Built already: nothing to lock or write, so a read-only checkout runs what it has built.
+    if output.is_file():
+        return output
     with _build_lock, interprocess_lock(out_dir):
-        if output.is_file():
+        if output.is_file():  # another process built it while this one waited
             return output
         kernels = kernel_names(text)
         if not kernels:
@@ -205,7 +208,7 @@ class EmulatedLibrary:
         arg_pointers = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
         grid = (ctypes.c_uint * 3)(*launch.grid)
         block = (ctypes.c_uint * 3)(*launch.block)
-        error = ctypes.create_string_buffer(512)
+        error = ctypes.create_string_buffer(8192)  # a deadlock report names every thread's wait
         if self.lib.emu_launch(index, grid, block, arg_pointers, error, len(error)) != 0:
             raise RuntimeError(f"emulated launch of {launch.kernel} failed: {error.value.decode()}")
 
