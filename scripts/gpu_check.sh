@@ -9,20 +9,27 @@
 #   loaders      PyCUDA from build/gpu-wheels (a prebuilt wheel, else its sdist compiled here);
 #                if that fails the kernels still run, through the CuPy fallback loader
 #   compile      every kernel compiled for this GPU, with registers and spills (cuda-info)
+#   smoke        each kernel never run on a GPU before, at one shape, alone in a process under
+#                its own timeout: ok, WRONG, FAULT or HUNG (and how far it got)
+#   comparison   GEMM 4096 and 8192 in float32, bfloat16 and float16 and GEMV 1x16384x16384
+#                against cuBLAS, in groups of one process each (cuBLAS first, a kernel the smoke
+#                test condemned skipped); the JSON is rewritten after every group
 #   correctness  every CUDA and Triton kernel at the edge shapes, outputs pre-filled with NaN,
-#                through every installed loader (tests/test_cuda_gpu.py, test_triton_gpu.py)
-#   comparison   GEMM 4096 and 8192 in float32, bfloat16 and float16 and GEMV 1x16384x16384,
-#                every CUDA and Triton implementation against cuBLAS: one JSON, one plot
+#                through every installed loader (tests/test_cuda_gpu.py, test_triton_gpu.py),
+#                the never-run kernels first, a timeout per test, one config per autotuned kernel
 #   verdicts     the speed targets, read from that JSON (nothing re-measured)
 #   sanitizer    compute-sanitizer memcheck and racecheck of every CUDA kernel at ragged shapes
 #   experiments  the GPU half of the experiments, with whatever time is left
 #
 # OUT_DIR receives three files, written as the run goes, so a run cut short still returns what
 # finished: summary.txt (one line per step: ok, failed with its last lines, killed at its time
-# limit, or skipped for time), results.tar (each step's files, appended when the step ends)
-# and log.txt (everything printed).
+# limit, or skipped for time; under the smoke, comparison and correctness steps a line per
+# kernel, group or failed test), results.tar (each step's files, appended when the step ends)
+# and log.txt (everything printed). scripts/gpu_steps.py runs the smoke, comparison and
+# correctness steps.
 #
-# Environment: MATMUL_GPU_DEADLINE (seconds for the whole run, default 360), MATMUL_GPU_WHEELS
+# Environment: MATMUL_GPU_DEADLINE (seconds for the whole run, default 480: one 10-minute
+# command, with room left for a second try in a 15-minute loan), MATMUL_GPU_WHEELS
 # (default build/gpu-wheels, made by scripts/prepare_gpu_wheels.sh), PYTHON (default python3),
 # MATMUL_GPU_TIME_SCALE (multiplies every step's budget; the dry-run test shrinks them).
 # GPU_CHECK_STUB_<STEP> replaces a step's commands with a shell snippet (the dry-run test).
@@ -38,12 +45,16 @@ STEPS=(
     "environment 5 30"
     "loaders 10 120"
     "compile 10 60"
+    "smoke 15 100"
+    "comparison 40 200"
     "correctness 30 150"
-    "comparison 40 240"
     "verdicts 2 15"
     "sanitizer 20 90"
     "experiments 30 300"
 )
+
+SCALE="${MATMUL_GPU_TIME_SCALE:-1}"
+scaled() { awk -v s="$1" -v k="$SCALE" 'BEGIN { v = int(s * k + 0.5); print (v < 1 ? 1 : v) }'; }
 
 # ---- the steps (each runs in its own process, in STEP_DIR, under `timeout`) ------------------
 step_environment() {
@@ -127,21 +138,23 @@ step_compile() {
     "$PYTHON" -m harness list | tee "$STEP_DIR/list.txt"
 }
 
-step_correctness() {
+step_smoke() {
     cd "$ROOT" || return 1
-    # --continue-on-collection-errors: a Triton that cannot load must not stop the CUDA checks
-    "$PYTHON" -m pytest -q -rfs -p no:cacheprovider --continue-on-collection-errors \
-        tests/test_cuda_gpu.py tests/test_triton_gpu.py \
-        --junitxml "$STEP_DIR/correctness.xml" 2>&1 | tee "$STEP_DIR/correctness.txt"
-    return "${PIPESTATUS[0]}"
+    "$PYTHON" scripts/gpu_steps.py smoke --out "$STEP_DIR" --timeout "$(scaled 40)"
 }
 
 step_comparison() {
     cd "$ROOT" || return 1
-    COLUMNS=160 "$PYTHON" -m harness compare --no-progress --threads 0 --min-time 0.1 \
-        --shapes 4096 8192 1x16384x16384 --impls 'cuda.*' 'triton.*' torch.cublas \
-        --dtype float32 bfloat16 float16 \
-        --json "$STEP_DIR/comparison.json" --csv "$STEP_DIR/comparison.csv" --plot "$STEP_DIR/comparison.png"
+    # The plan (groups, shapes, dtypes) is default_groups() in scripts/gpu_steps.py.
+    "$PYTHON" scripts/gpu_steps.py compare --out "$STEP_DIR" --budget $((STEP_BUDGET - 5)) \
+        --smoke "$WORK/smoke/smoke.json" --min-time 0.1
+}
+
+step_correctness() {
+    cd "$ROOT" || return 1
+    MATMUL_TRITON_CHECK_MODE=1 "$PYTHON" scripts/gpu_steps.py tests --out "$STEP_DIR" \
+        --budget $((STEP_BUDGET - 3)) --test-timeout "$(scaled 60)" \
+        --first cuda.wgmma cuda.mma matmul_tma -- tests/test_cuda_gpu.py tests/test_triton_gpu.py
 }
 
 step_verdicts() {
@@ -197,8 +210,7 @@ export WORK SITE PYTHON ROOT
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 MATMUL_REQUIRE_GPU=1
 unset MATMUL_CUDA_EMULATE
-DEADLINE="${MATMUL_GPU_DEADLINE:-360}"
-SCALE="${MATMUL_GPU_TIME_SCALE:-1}"
+DEADLINE="${MATMUL_GPU_DEADLINE:-480}"
 START=$(date +%s)
 END=$((START + DEADLINE))
 RESERVE=3  # seconds kept back for packing the last step's files
@@ -206,7 +218,6 @@ STATUS=0
 rm -f "$OUT/summary.txt" "$OUT/results.tar" "$OUT/log.txt"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 
-scaled() { awk -v s="$1" -v k="$SCALE" 'BEGIN { v = int(s * k + 0.5); print (v < 1 ? 1 : v) }'; }
 log() { echo "[gpu_check +$(( $(date +%s) - START ))s] $*"; }
 summary() { echo "$*" >> "$OUT/summary.txt"; }
 
@@ -229,7 +240,8 @@ for step in "${STEPS[@]}"; do
     mkdir -p "$STEP_DIR"
     log "$name: start (up to ${budget}s)"
     began=$(date +%s)
-    STEP_DIR="$STEP_DIR" timeout --kill-after=2 "$budget" "$SELF" --step "$name" 2>&1 | tee "$STEP_DIR/output.txt"
+    STEP_DIR="$STEP_DIR" STEP_BUDGET="$budget" timeout --kill-after=2 "$budget" "$SELF" --step "$name" 2>&1 \
+        | tee "$STEP_DIR/output.txt"
     rc=${PIPESTATUS[0]}
     took=$(( $(date +%s) - began ))
     case $rc in
@@ -239,7 +251,14 @@ for step in "${STEPS[@]}"; do
     esac
     log "$name: $outcome after ${took}s"
     summary "$(printf '%-12s %s after %ss' "$name" "$outcome" "$took")"
-    if [ "$rc" -ne 0 ]; then
+    # A line per kernel, group or failed test where the step keeps them; else a failure's last lines.
+    details=""
+    for file in smoke.txt groups.txt tests-summary.txt; do
+        [ -s "$STEP_DIR/$file" ] && details="$STEP_DIR/$file"
+    done
+    if [ -n "$details" ]; then
+        head -n 40 "$details" | sed 's/^/               | /' >> "$OUT/summary.txt"
+    elif [ "$rc" -ne 0 ]; then
         tail -n 6 "$STEP_DIR/output.txt" | sed 's/^/               | /' >> "$OUT/summary.txt"
     fi
     tar -rf "$OUT/results.tar" -C "$WORK" "$name"

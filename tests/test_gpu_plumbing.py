@@ -169,3 +169,25 @@ def test_results_round_trip_through_json(tmp_path):
     back = Results.from_json(results.to_json(tmp_path / "r.json"))
     assert [r.__dict__ for r in back.rows] == [r.__dict__ for r in results.rows]
     assert back.plot(tmp_path / "r.png").stat().st_size > 0
+
+
+def test_triton_check_mode_keeps_one_config_per_kernel(monkeypatch):
+    # The GPU correctness step compiles each autotuned kernel once per specialization, not
+    # once per config (tests/test_triton_gpu.py sets CHECK_MODE from MATMUL_TRITON_CHECK_MODE).
+    torch = pytest.importorskip("torch")
+    from harness.backends import triton_kernels
+
+    if triton_kernels.setup()[1]:
+        pytest.skip(f"Triton cannot load here: {triton_kernels.setup()[1]}")
+    matmul = triton_kernels.load_source("triton/matmul.py")
+    for dtype in (torch.float16, torch.float32):
+        named_args = {"a_ptr": torch.empty(1, dtype=dtype)}
+        monkeypatch.setattr(matmul, "CHECK_MODE", False)
+        every = matmul._prune_configs(matmul.HOPPER_CONFIGS, named_args)
+        monkeypatch.setattr(matmul, "CHECK_MODE", True)
+        assert len(every) > 1 and matmul._prune_configs(matmul.HOPPER_CONFIGS, named_args) == every[:1]
+    # FP32 keeps a config that does not spill, not the first of the list
+    fp32 = matmul._prune_configs(matmul.HOPPER_CONFIGS, {"a_ptr": torch.empty(1, dtype=torch.float32)})
+    assert matmul._accumulators_per_thread(fp32[0]) <= matmul.FP32_ACCUMULATORS
+    tma = triton_kernels.load_source("triton/matmul_tma.py")
+    assert "CHECK_MODE" in tma._autotuned_kernel.__code__.co_names  # read where the autotuner is built

@@ -20,7 +20,17 @@ if REASON or MODE != "native":
 
 import torch  # noqa: E402
 
+from harness.switches import switch  # noqa: E402
+
 pytestmark = pytest.mark.gpu
+
+# The GPU script's correctness step sets this: the autotuned kernels keep one config each, so
+# the shapes below cost a compile per specialization instead of one per config (about 64
+# compiles for matmul_tma alone otherwise). Speed is the comparison's business, not this file's.
+CHECK_MODE_ENV = "MATMUL_TRITON_CHECK_MODE"
+if switch(CHECK_MODE_ENV):
+    for _relative in ("triton/matmul.py", "triton/matmul_tma.py"):
+        triton_kernels.load_source(_relative).CHECK_MODE = True
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

@@ -246,12 +246,18 @@ def prune_configs(configs, limit):
 
 _autotuned = {}  # (device index, dtype) -> the autotuned kernel
 
+# Check mode: only the first config that fits, so a correctness run over many shapes compiles
+# one kernel per specialization instead of one per config (the GPU tests set it; set it before
+# the first launch).
+CHECK_MODE = False
+
 
 def _autotuned_kernel(device, dtype):
     # One autotuner per dtype: the tuning key sees M, N and K but not the descriptors' dtypes.
     key = (device.index or 0, dtype)
     if key not in _autotuned:
         configs = prune_configs(HOPPER_CONFIGS, _shared_memory_limit(key[0]))
+        configs = configs[:1] if CHECK_MODE else configs
         _autotuned[key] = triton.autotune(configs=configs, key=["M", "N", "K"])(matmul_tma_kernel)
     return _autotuned[key]
 
