@@ -114,18 +114,30 @@ class Results:
 
     def not_run(self) -> list[str]:
         """One line per implementation that did not run somewhere: why, and how often."""
-        reasons: dict[str, dict[str, int]] = {}
+        import re
+
+        reasons: dict[str, dict[str, list[str | None]]] = {}  # name -> reason -> each row's time estimate
         totals: dict[str, int] = {}
         for row in self.rows:
             totals[row.implementation] = totals.get(row.implementation, 0) + 1
             if row.status.startswith(("skipped", "unavailable")):
-                reason = _general_reason(row.implementation, row.status.split(": ", 1)[-1])
-                by_reason = reasons.setdefault(row.implementation, {})
-                by_reason[reason] = by_reason.get(reason, 0) + 1
+                detail = row.status.split(": ", 1)[-1]
+                reason = _general_reason(row.implementation, detail)
+                estimate = re.search(r"\((about [^)]*)\)", detail)
+                reasons.setdefault(row.implementation, {}).setdefault(reason, []).append(
+                    estimate.group(1) if estimate else None)
         grouped: dict[str, list[str]] = {}  # one line per reason, naming every implementation it stopped
         for name, by_reason in reasons.items():
-            parts = [reason if count == totals[name] else f"{reason} ({count} of {totals[name]})"
-                     for reason, count in by_reason.items()]
+            parts = []
+            for reason, estimates in by_reason.items():
+                text = reason
+                if len(estimates) == 1 and estimates[0]:
+                    text += f" ({estimates[0]})"  # one problem: how long it would have taken
+                if len(estimates) != totals[name]:
+                    text += f" ({len(estimates)} of {totals[name]})"
+                if "too long" in reason:
+                    text += "; allow_slow=True (--allow-slow, MATMUL_ALLOW_SLOW=1) runs it anyway"
+                parts.append(text)
             grouped.setdefault("; ".join(parts), []).append(name)
         return [f"{', '.join(names)}: {reason}" for reason, names in grouped.items()]
 

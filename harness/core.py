@@ -102,13 +102,37 @@ class Implementation:
         return self.unavailable_reason() is None
 
 
-STAND_IN_MAX_FLOPS = 2 * 256**3
+# A CPU stand-in for GPU code (the CUDA emulation, Triton's interpreter) is checked, never
+# timed; a row estimated to take longer than this is refused unless allow_slow. The estimate
+# is the backend's (``estimate_seconds``), from the launch it would make: a GEMV of 10^6
+# outputs is cheap in FLOPs and slow in an interpreter, which pays per program it runs.
+STAND_IN_BUDGET_S = 10.0
+# What a stand-in whose backend gives no estimate is assumed to manage (the CUDA emulation's
+# rate on its FLOPs, backends/cuda/__init__.py).
+STAND_IN_FALLBACK_FLOPS_PER_S = 5e7
 
 
 def run_mode(impl: Implementation) -> str:
     """How ``impl`` runs on this machine: native, or a CPU stand-in (emulated, interpreted)."""
     probe = getattr(impl.backend, "run_mode", None)
     return probe(impl) if probe else "native"
+
+
+def stand_in_seconds(impl: Implementation, shape: Shape, dtype, mode: str) -> float:
+    """How long ``impl`` would take on ``shape`` running ``mode`` (emulated, interpreted) here."""
+    estimate = getattr(impl.backend, "estimate_seconds", None)
+    if estimate is not None:
+        return estimate(impl, shape, dtype_name(dtype))
+    return shape.flops / STAND_IN_FALLBACK_FLOPS_PER_S
+
+
+def duration_text(seconds: float) -> str:
+    """About how long, in the unit a person reads: 40 seconds, 6 minutes, 2.5 hours."""
+    if seconds > 3600:
+        return f"about {seconds / 3600:.1f} hours"
+    if seconds >= 90:
+        return f"about {seconds / 60:.0f} minutes"
+    return f"about {seconds:.0f} seconds"
 
 
 def slow_allowed(allow_slow: bool | None) -> bool:
@@ -150,12 +174,15 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
         raise MatmulInputError(
             f"{impl.name} needs M, N and K to be multiples of {impl.multiple_of}, got {shape} (MxNxK)"
         )
-    if impl.device != "cpu" and shape.flops > STAND_IN_MAX_FLOPS and not slow_allowed(allow_slow):
+    if impl.device != "cpu" and shape.flops and not slow_allowed(allow_slow):
         mode = run_mode(impl)
-        if mode != "native":
+        seconds = stand_in_seconds(impl, shape, dtype, mode) if mode != "native" else 0.0
+        if seconds > STAND_IN_BUDGET_S:
             raise MatmulInputError(
-                f"{impl.name} runs {mode} on the CPU here, which is checked only up to 256x256x256 "
-                f"(got {shape}); pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run it anyway"
+                f"{impl.name} runs {mode} on the CPU here and would take too long at {shape} (MxNxK) "
+                f"({duration_text(seconds)}): the limit for CPU stand-ins, which are checked and never timed, is "
+                f"{STAND_IN_BUDGET_S:.0f} seconds. Pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) "
+                "to run it anyway"
             )
     needed = problem_bytes(shape, dtype)
     memory = physical_memory_bytes()
@@ -165,13 +192,12 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
             f"reference; this machine has {memory / 2**30:.0f} GiB"
         )
     if impl.max_flops is not None and shape.flops > impl.max_flops and not slow_allowed(allow_slow):
-        estimate = ""
-        if impl.slow_rate:
-            seconds = shape.flops / impl.slow_rate
-            estimate = (f" (about {seconds / 3600:.1f} hours)" if seconds > 3600 else
-                        f" (about {seconds / 60:.0f} minutes)" if seconds >= 90 else f" (about {seconds:.0f} seconds)")
+        estimate = limit = ""
+        if impl.slow_rate:  # its time is its FLOPs at the rate it manages (pure Python: per multiply-add)
+            estimate = f" ({duration_text(shape.flops / impl.slow_rate)})"
+            limit = f"{duration_text(impl.max_flops / impl.slow_rate)}, "
         raise MatmulInputError(
-            f"{impl.name} would take too long at {shape} (MxNxK){estimate}: the limit is "
+            f"{impl.name} would take too long at {shape} (MxNxK){estimate}: the limit is {limit}"
             f"{impl.max_flops:.2g} FLOPs. Pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run it anyway"
         )
 

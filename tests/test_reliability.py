@@ -536,3 +536,63 @@ def test_a_build_lock_is_taken_and_released(tmp_path):
         assert (tmp_path / "build" / ".build.lock").is_file()
     with clib.interprocess_lock(tmp_path / "build"):  # released: it can be taken again
         pass
+
+
+# ---- budgets in seconds --------------------------------------------------------------------------
+def stand_in(name: str):
+    from harness.core import run_mode
+
+    impl = harness.lookup(name)
+    reason = impl.unavailable_reason()
+    if reason:
+        pytest.skip(f"{name}: {reason}")
+    if run_mode(impl) == "native":
+        pytest.skip(f"{name} runs natively here")
+    return impl
+
+
+def test_a_stand_in_is_refused_by_its_time_not_its_flops(monkeypatch):
+    from harness.core import check_problem
+
+    monkeypatch.delenv("MATMUL_ALLOW_SLOW", raising=False)
+    gemv, matmul = stand_in("triton.gemv"), stand_in("triton.matmul")
+    wide = harness.parse_shape("1x1000000x1")  # 2e6 FLOPs, 62,500 interpreted programs
+    assert wide.flops < harness.parse_shape(128).flops
+    check_problem(matmul, harness.parse_shape(128), "float32")  # more FLOPs, a few programs: runs
+    with pytest.raises(harness.MatmulInputError) as refused:
+        check_problem(gemv, wide, "float32")
+    message = str(refused.value)
+    assert "runs interpreted" in message and "about 6 minutes" in message
+    assert "allow_slow=True" in message and "--allow-slow" in message and "MATMUL_ALLOW_SLOW=1" in message
+    check_problem(gemv, harness.parse_shape("1x64x64"), "float32")
+
+
+def test_the_emulated_gemv_of_a_million_outputs_is_refused(monkeypatch):
+    from harness.core import check_problem
+
+    monkeypatch.setenv("MATMUL_CUDA_EMULATE", "1")
+    monkeypatch.delenv("MATMUL_ALLOW_SLOW", raising=False)
+    gemv = stand_in("cuda.gemv")
+    with pytest.raises(harness.MatmulInputError, match=r"runs emulated .* \(about \d+ seconds\)"):
+        check_problem(gemv, harness.parse_shape("1x1000000x1"), "float32")
+    check_problem(gemv, harness.parse_shape("1x4096x4096"), "float32")  # 131,072 threads: a second or so
+
+
+def test_the_overrides_still_lift_a_time_refusal(monkeypatch):
+    from harness.core import check_problem
+
+    gemv = stand_in("triton.gemv")
+    wide = harness.parse_shape("1x1000000x1")
+    monkeypatch.delenv("MATMUL_ALLOW_SLOW", raising=False)
+    check_problem(gemv, wide, "float32", allow_slow=True)
+    monkeypatch.setenv("MATMUL_ALLOW_SLOW", "on")
+    check_problem(gemv, wide, "float32")
+
+
+def test_compare_refuses_the_slow_interpreted_gemv_at_once_and_says_how_long():
+    stand_in("triton.gemv")
+    done = run_cli("compare", "--shapes", "1x1000000x1", "--impls", "triton.gemv", "--no-progress",
+                   env={"MATMUL_ALLOW_SLOW": "0", "COLUMNS": "200"}, timeout=60)
+    assert "Traceback" not in done.stderr
+    assert "triton.gemv: runs interpreted on the CPU here and would take too long (about 6 minutes)" in done.stdout
+    assert "--allow-slow" in done.stdout

@@ -38,6 +38,8 @@ from .. import gpu
 from ..gpu import to_numpy
 
 INTERPRET_ENV = "TRITON_INTERPRET"
+INTERPRETED_SECONDS_PER_PROGRAM = 3e-3
+INTERPRETED_SECONDS_PER_STEP = 3e-3
 _TRUE = ("1", "true", "on", "yes")  # what Triton itself reads as true
 
 
@@ -175,6 +177,19 @@ class TritonBackend:
 
     def run_mode(self, impl) -> str:
         return setup()[0] or "native"  # unavailable: let the reason, not a size cap, say so
+
+    def estimate_seconds(self, impl, shape, dtype: str) -> float:
+        """How long Triton's interpreter would take: it runs each program (one tile of the
+        output, with the source's INTERPRETER_CONFIG blocks) one after another in NumPy, and
+        each step along K, so the cost is programs x steps, nearly whatever the block sizes.
+        triton.gemv at 1x1000000x1 (62,500 programs of one step) took 6 minutes on a 2-core
+        development machine; how that splits between a program and a step is a guess."""
+        blocks = load_source(impl.source).INTERPRETER_CONFIG
+        steps = -(-shape.k // blocks["BLOCK_K"])
+        tiles = -(-shape.n // blocks["BLOCK_N"])
+        if not self.gemv:
+            tiles *= -(-shape.m // blocks["BLOCK_M"])
+        return tiles * (INTERPRETED_SECONDS_PER_PROGRAM + steps * INTERPRETED_SECONDS_PER_STEP)
 
     def prepare(self, impl, a, b, options):
         module = load_source(impl.source)
