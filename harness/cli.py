@@ -145,6 +145,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return _dispatch(parser, command_parsers, args)
+    except KeyboardInterrupt:
+        # Outputs are written whole or not at all (files.py) and only after the measuring, so
+        # an interrupted command leaves none; a C call still running finishes in the background.
+        sys.stderr.write(f"{parser.prog} {args.command}: interrupted (Ctrl-C); files are written whole or "
+                         "not at all, so none is left half-written\n")
+        return 130
     except OSError as error:  # a write that failed after the checks (a disk that filled up, say)
         if error.filename:  # files.replacing names the file, and left no part of it behind
             sys.stderr.write(f"cannot write {error.filename}: {error.strerror or error}\n")

@@ -596,3 +596,83 @@ def test_compare_refuses_the_slow_interpreted_gemv_at_once_and_says_how_long():
     assert "Traceback" not in done.stderr
     assert "triton.gemv: runs interpreted on the CPU here and would take too long (about 6 minutes)" in done.stdout
     assert "--allow-slow" in done.stdout
+
+
+# ---- Ctrl-C within a second or two ---------------------------------------------------------------
+INTERRUPTED_CALL = """
+import sys
+import harness
+a, b = harness.make_inputs(2048, "float32")
+multiply = harness.get("c.naive_ijk")  # about a minute at 2048^3
+print("calling", flush=True)
+try:
+    multiply(a, b)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+print("finished", flush=True)
+"""
+
+
+def interrupt(process: subprocess.Popen, after_s: float) -> tuple[str, str]:
+    import signal
+    import time
+
+    time.sleep(after_s)
+    process.send_signal(signal.SIGINT)
+    try:
+        return process.communicate(timeout=15)  # the C call alone would take far longer
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail("still running 15 s after Ctrl-C: the C call was not interruptible")
+
+
+def test_ctrl_c_interrupts_a_long_c_call_at_once():
+    if harness.lookup("c.naive_ijk").unavailable_reason():
+        pytest.skip(harness.lookup("c.naive_ijk").unavailable_reason())
+    process = subprocess.Popen([sys.executable, "-c", INTERRUPTED_CALL], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline().strip() == "calling"
+    out, err = interrupt(process, after_s=1.5)  # by then it is inside the C call
+    assert out.strip() == "interrupted" and process.returncode == 130, err
+
+
+def test_ctrl_c_during_compare_exits_130_with_a_message_and_writes_nothing(tmp_path):
+    if harness.lookup("c.naive_ijk").unavailable_reason():
+        pytest.skip(harness.lookup("c.naive_ijk").unavailable_reason())
+    process = subprocess.Popen([sys.executable, "-m", "harness", "compare", "--shapes", "2048", "--impls", "c.naive_ijk",
+                                "--no-baseline", "--no-progress", "--json", str(tmp_path / "r.json"),
+                                "--plot", str(tmp_path / "r.png")],
+                               cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = interrupt(process, after_s=4)
+    assert process.returncode == 130, out + err
+    assert "interrupted (Ctrl-C)" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interruptible_call_returns_what_the_call_returns_and_raises_what_it_raises():
+    from harness.backends.c import call_interruptibly
+
+    assert call_interruptibly(lambda x, y: x * y, (6, 7)) == 42
+    with pytest.raises(ZeroDivisionError):
+        call_interruptibly(lambda x: 1 / x, (0,))
+
+
+def test_long_c_calls_and_only_long_ones_take_the_interruptible_path(monkeypatch):
+    from harness.backends import c
+
+    calls = []
+    original = c.call_interruptibly
+    monkeypatch.setattr(c, "call_interruptibly", lambda function, args: calls.append(args[3:6]) or original(function, args))
+    backend = harness.lookup("c.naive_ikj").backend
+    small = harness.make_inputs(16, "float32")
+    harness.get("c.naive_ikj")(*small)
+    assert calls == []
+    monkeypatch.setattr(backend, "fastest_gflops", 1e-6)  # as if this kernel were slow enough for any call
+    mm = harness.get("c.naive_ikj")
+    np.testing.assert_array_equal(mm(*small), harness.get("c.naive_ikj")(*small))
+    prepared = mm.prepare(*small)
+    prepared.run()
+    assert harness.check(prepared.result(), *small).passed
+    assert calls and all(shape == (16, 16, 16) for shape in calls)

@@ -2,10 +2,19 @@
 
 cffi releases the GIL for the duration of each C call, so the functions may run on several
 Python threads at once; that is safe because none of them keeps static state.
+
+Ctrl-C: Python delivers a signal to the main thread between bytecodes, so while the main
+thread is inside a C call (c.naive_ijk at 2048^3: about a minute) Ctrl-C waits for it. A call
+that may take longer than INTERRUPTIBLE_AFTER_S therefore runs on a worker thread while the
+main thread waits in short slices, where KeyboardInterrupt arrives at once. C cannot be
+stopped half-way: the abandoned call finishes on its own (its buffers are kept alive for it)
+and its result is dropped. Shorter calls, which users time, stay direct.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -35,12 +44,50 @@ def empty_output(m: int, n: int, dtype: np.dtype) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(m, n)
 
 
+# A call that may run longer than this, at the fastest its kernel goes (each backend's
+# fastest_gflops, for the best CPUs; on a slower one the calls left direct take up to a
+# second or so), is made interruptible: the worker thread costs tens of microseconds, well
+# under 0.1% of such a call.
+INTERRUPTIBLE_AFTER_S = 0.2
+WAIT_SLICE_S = 0.05  # how often the waiting main thread lets a Ctrl-C in
+
+
+def call_interruptibly(function, args: tuple):
+    """``function(*args)``, made on a worker thread and waited for in slices, so Ctrl-C raises
+    KeyboardInterrupt here within WAIT_SLICE_S (see the module docstring)."""
+    if threading.current_thread() is not threading.main_thread():
+        return function(*args)  # only the main thread receives signals: nothing to gain
+    outcome: list = []
+
+    def work():
+        try:
+            outcome.append((True, function(*args)))
+        except BaseException as error:  # handed to the waiting thread
+            outcome.append((False, error))
+
+    # A daemon: a process that ends after a Ctrl-C does not wait for the abandoned call.
+    worker = threading.Thread(target=work, name="matmul C call", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(WAIT_SLICE_S)
+    except KeyboardInterrupt:
+        # C still writes through these buffers: one reference more than anything will ever
+        # release, so neither this frame's end nor the interpreter's shutdown frees them.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(args))
+        raise
+    done, value = outcome[0]
+    if done:
+        return value
+    raise value
+
+
 class _CPrepared:
     """The prepare/run/result split of core.py, for the harness's timer: the output and the
     pointers are made here, so run() is the C call alone."""
     mode = "native"
 
-    def __init__(self, backend, function, ffi, a, b, extra_args):
+    def __init__(self, backend, function, ffi, a, b, extra_args, interruptible: bool = False):
         self.a, self.b = a, b  # keep the arrays alive while C holds pointers into them
         self.c = empty_output(a.shape[0], b.shape[1], a.dtype)
         ctype = _CTYPES[a.dtype.name]
@@ -50,9 +97,13 @@ class _CPrepared:
         )
         self.function = function
         self.backend = backend
+        self.interruptible = interruptible
 
     def run(self) -> None:
-        self.backend.check_status(self.function(*self.args))
+        if self.interruptible:
+            self.backend.check_status(call_interruptibly(self.function, self.args))
+        else:
+            self.backend.check_status(self.function(*self.args))
 
     def result(self) -> np.ndarray:
         return self.c.copy()
@@ -68,9 +119,17 @@ class CBackend:
     after K (e.g. the blocked kernel's tile size).
     """
 
-    def __init__(self, kernel: str, option_names: tuple[str, ...] = ()):
+    def __init__(self, kernel: str, option_names: tuple[str, ...] = (), fastest_gflops: float = 100.0):
         self.kernel = kernel
         self.option_names = option_names
+        self.fastest_gflops = fastest_gflops  # per thread, on the best CPU: what decides interruptible calls
+
+    def interruptible_mnk(self, extra_args) -> float:
+        """The M*N*K from which a call may take longer than INTERRUPTIBLE_AFTER_S."""
+        return INTERRUPTIBLE_AFTER_S * self.fastest_gflops * 1e9 * self.threads(extra_args) / 2
+
+    def threads(self, extra_args) -> int:
+        return 1
 
     def unavailable_reason(self, impl):
         # Every machine this project installs on builds the C library: not having it is a fault.
@@ -102,7 +161,9 @@ class CBackend:
 
     def prepare(self, impl, a, b, options):
         ffi, functions = self._functions()
-        return _CPrepared(self, functions[a.dtype.name], ffi, a, b, self.extra_args(impl, options))
+        extra = self.extra_args(impl, options)
+        interruptible = a.shape[0] * a.shape[1] * b.shape[1] >= self.interruptible_mnk(extra)
+        return _CPrepared(self, functions[a.dtype.name], ffi, a, b, extra, interruptible)
 
     def bind(self, impl, options):
         """``call(a, b) -> C`` for validated inputs: what ``harness.get(name)(a, b)`` runs, so
@@ -114,6 +175,7 @@ class CBackend:
         by_dtype = {np.dtype(name): (function, ffi.typeof(_CTYPES[name])) for name, function in functions.items()}
         check_status = self.check_status
         from_buffer, empty = ffi.from_buffer, np.empty
+        long_call = self.interruptible_mnk(extra)
 
         def call(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             dtype = a.dtype
@@ -126,7 +188,8 @@ class CBackend:
                 c = empty((m, n), dtype)
             else:
                 c = empty_output(m, n, dtype)
-            status = function(from_buffer(ctype, a), from_buffer(ctype, b), from_buffer(ctype, c), m, n, k, *extra)
+            args = (from_buffer(ctype, a), from_buffer(ctype, b), from_buffer(ctype, c), m, n, k, *extra)
+            status = call_interruptibly(function, args) if m * n * k >= long_call else function(*args)
             if status:  # None for void kernels, 0 for success
                 check_status(status)
             return c
@@ -223,7 +286,10 @@ class PackedBackend(CBackend):
     ones it takes (path="vector" on a shape without M = 1 or N = 1 is refused by C, code 4)."""
 
     def __init__(self):
-        super().__init__("packed_path")
+        super().__init__("packed_path", fastest_gflops=300.0)
+
+    def threads(self, extra_args) -> int:
+        return extra_args[0]
 
     def extra_args(self, impl, options):
         threads = options.get("threads")
@@ -249,17 +315,17 @@ IMPLEMENTATIONS = [
     Implementation(
         "c.naive_ijk", "c", "cpu", ("float32", "float64"),
         "textbook triple loop in C: strided column walk, serial sum, no SIMD",
-        CBackend("naive_ijk"), source="c/naive.c",
+        CBackend("naive_ijk", fastest_gflops=2.0), source="c/naive.c",
     ),
     Implementation(
         "c.naive_ikj", "c", "cpu", ("float32", "float64"),
         "i, p, j order in C: unit-stride inner loop the compiler vectorizes",
-        CBackend("naive_ikj"), source="c/naive.c",
+        CBackend("naive_ikj", fastest_gflops=20.0), source="c/naive.c",
     ),
     Implementation(
         "c.blocked", "c", "cpu", ("float32", "float64"),
         "ikj run tile by tile so a tile of B is reused from cache",
-        CBackend("blocked", ("tile",)), source="c/blocked.c", options={"tile": 64},
+        CBackend("blocked", ("tile",), fastest_gflops=60.0), source="c/blocked.c", options={"tile": 64},
     ),
     Implementation(
         "c.packed", "c", "cpu", ("float32", "float64"),
