@@ -131,10 +131,11 @@ __device__ __forceinline__ void cp_async_wait_group()
 // "Data Movement and Conversion Instructions: cp.async.bulk.tensor", "Asynchronous Warpgroup
 // Level Matrix Multiply-Accumulate Instructions" (wgmma) and "Miscellaneous: setmaxnreg".
 
-// A CUtensorMap's bytes (cuTensorMapEncodeTiled writes them on the host): 128 bytes, 64-byte
-// aligned, passed to the kernel as a `const __grid_constant__` parameter so that its address
-// is a parameter-space address the TMA unit can read.
-struct alignas(64) TensorMap { unsigned long long opaque[16]; };
+// A CUtensorMap's bytes (cuTensorMapEncodeTiled writes them on the host): 128 bytes, aligned
+// as cuda.h declares CUtensorMap (alignas(128) since CUDA 12.x; tests/test_sass.py compares),
+// passed to the kernel as a `const __grid_constant__` parameter so that its address is a
+// parameter-space address the TMA unit can read.
+struct alignas(128) TensorMap { unsigned long long opaque[16]; };
 
 // The dynamic shared memory of the block (the launch's shared_size bytes).
 __device__ __forceinline__ unsigned char* dynamic_shared_memory()

@@ -13,11 +13,14 @@ so that a check which can never fail would be noticed.
 from __future__ import annotations
 
 import importlib.util
+import re
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 
 from harness import sass
+from harness.backends import cuda
 from harness.sources import source_path
 
 import triton_aot
@@ -170,6 +173,119 @@ def test_wgmma_uses_tma_wgmma_mbarriers_and_setmaxnreg(kernel):
     for base in ("LDSM", "HMMA", "LDGSTS"):
         assert not sass.find(instructions, base), f"{where}: unexpected {base}:\n{sass.excerpt(instructions, sass.find(instructions, base))}"
     expect_no_spills(instructions, where)
+
+
+# ---- what the emulator replaces, checked in the SASS against the source's own numbers -------------------
+# The CPU emulation implements cuda/ptx.h's instructions itself, so a wrong immediate in a
+# kernel's call (a wait_group count, a setmaxnreg value) or a wrapper that emits the wrong form
+# would pass there: the SASS is where it shows. Each expected value is read from the kernel's
+# source, so these checks follow an edit of the source instead of pinning today's numbers.
+def _defines(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^#define (\w+) (\S+)", text, flags=re.M))
+
+
+def _template_arguments(text: str, function: str) -> list[int]:
+    """The integer template arguments of every call ``ptx::function<...>()`` in ``text``, with
+    the file's #define constants substituted (``STAGES - 2`` with STAGES 3 is 1)."""
+    defines = _defines(text)
+    values = []
+    for expression in re.findall(rf"ptx::{function}<([^>]+)>\(", text):
+        for name, value in defines.items():
+            expression = re.sub(rf"\b{name}\b", value, expression)
+        assert re.fullmatch(r"[\d\s+\-*/()]+", expression), f"cannot evaluate {function}<{expression}>"
+        values.append(int(eval(expression)))  # digits and arithmetic only, checked above
+    return values
+
+
+def _immediates(instructions: list[str], base: str, *modifiers: str) -> list[int]:
+    """The last operand (an immediate) of every ``base`` instruction with ``modifiers``."""
+    hits = sass.find(instructions, base, *modifiers)
+    return [int(instructions[i].rstrip(" ;").split(",")[-1].split()[-1], 0) for i in hits]
+
+
+@needs_nvcc_and_cuobjdump
+@pytest.mark.parametrize("kernel", ["wgmma_bf16", "wgmma_f16"])
+def test_wgmma_sass_has_the_sources_wait_counts_register_budget_and_b_transpose(kernel):
+    text = source_path("cuda/wgmma.cu").read_text()
+    instructions = cuda_kernels("cuda/wgmma.cu", "sm_90a")[kernel]
+    where = f"{kernel} on sm_90a"
+    waits = sorted(set(_template_arguments(text, "wgmma_wait_group")))
+    assert sorted(set(_immediates(instructions, "WARPGROUP", "DEPBAR", "LE"))) == waits, (
+        f"{where}: wgmma.wait_group counts in the SASS differ from the source's {waits}:\n"
+        + sass.excerpt(instructions, sass.find(instructions, "WARPGROUP", "DEPBAR")))
+    (dec,) = _template_arguments(text, "setmaxnreg_dec")
+    (inc,) = _template_arguments(text, "setmaxnreg_inc")
+    assert _immediates(instructions, "USETMAXREG", "DEALLOC") == [dec], f"{where}: setmaxnreg.dec {dec}"
+    alloc = sass.find(instructions, "USETMAXREG", "TRY_ALLOC")
+    assert alloc and all(f", {inc:#x}" in instructions[i] for i in alloc), f"{where}: setmaxnreg.inc {inc}"
+    # Every wgmma reads B MN-major (tnspB) and A K-major (no tnspA), as the descriptors say.
+    hgmma = sass.find(instructions, "HGMMA")
+    assert hgmma and all("tnspB" in instructions[i] and "tnspA" not in instructions[i] for i in hgmma), (
+        f"{where}: expected every HGMMA with .tnspB and none with .tnspA:\n{sass.excerpt(instructions, hgmma)}")
+    # wgmma.fence (WARPGROUP.ARRIVE) before the first wgmma
+    arrive = sass.find(instructions, "WARPGROUP", "ARRIVE")
+    assert arrive and arrive[0] < hgmma[0], f"{where}: no wgmma.fence before the first wgmma"
+
+
+@needs_nvcc_and_cuobjdump
+def test_wgmma_register_budget_balances_within_the_register_file():
+    # setmaxnreg moves registers between warp groups through the CTA's pool: the consumers'
+    # increase can only be granted from what the launch allocated plus what the producer gave
+    # back. If ptxas allocates fewer registers per thread than that needs, TRY_ALLOC spins
+    # for ever (a deadlock no emulation shows); over 64K registers no launch fits on an SM.
+    text = source_path("cuda/wgmma.cu").read_text()
+    defines = _defines(text)
+    consumers = int(defines["CONSUMERS"])
+    threads = 128 * (consumers + 1)
+    assert f"__launch_bounds__(THREADS, 1)" in text and defines["THREADS"].startswith("(128")
+    (dec,) = _template_arguments(text, "setmaxnreg_dec")
+    (inc,) = _template_arguments(text, "setmaxnreg_inc")
+    needed = 128 * dec + 128 * consumers * inc
+    assert needed <= REGISTER_FILE, f"setmaxnreg asks for {needed} registers per CTA; an SM has {REGISTER_FILE}"
+    kernels, _ = cuda.compile_with_ptxas("cuda/wgmma.cu", "sm_90a")
+    for kernel in kernels:
+        allocated = kernel.registers * threads
+        assert dec <= kernel.registers <= inc, (kernel.kernel, kernel.registers, dec, inc)
+        assert allocated >= needed, (
+            f"{kernel.kernel}: ptxas gave {kernel.registers} registers x {threads} threads = {allocated}, but the "
+            f"producer's {dec} and the consumers' {inc} need {needed}: setmaxnreg.inc would never be granted")
+
+
+REGISTER_FILE = 65536  # 32-bit registers per SM on sm_80 and sm_90
+
+
+@needs_nvcc_and_cuobjdump
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", ["mma_bf16", "mma_f16"])
+def test_mma_sass_has_the_sources_cp_async_groups_and_wait_counts(kernel, arch):
+    text = source_path("cuda/mma.cu").read_text()
+    instructions = cuda_kernels("cuda/mma.cu", arch)[kernel]
+    where = f"{kernel} on {arch}"
+    # cp.async.cg with 16 bytes: L2 only (BYPASS), 128-bit, zero-filling the part past src_bytes
+    copies = sass.find(instructions, "LDGSTS")
+    assert copies and all(".BYPASS.128" in instructions[i] for i in copies), (
+        f"{where}: expected every LDGSTS as .BYPASS.128 (cp.async.cg, 16 bytes):\n{sass.excerpt(instructions, copies)}")
+    assert sass.find(instructions, "LDGDEPBAR"), f"{where}: no LDGDEPBAR: cp.async.commit_group emitted nothing"
+    waits = sorted(set(_template_arguments(text, "cp_async_wait_group")))
+    found = sorted(set(_immediates(instructions, "DEPBAR", "LE")))
+    assert found == waits, f"{where}: cp.async.wait_group counts {found} in the SASS, {waits} in the source"
+
+
+def test_template_arguments_are_read_with_the_files_constants():
+    text = "#define STAGES 4\nptx::cp_async_wait_group<STAGES - 2>();\nptx::cp_async_wait_group<0>();\n"
+    assert _template_arguments(text, "cp_async_wait_group") == [2, 0]
+    assert _immediates(["WARPGROUP.DEPBAR.LE gsb0, 0x1", "DEPBAR.LE SB0, 0x3", "WARPGROUP.ARRIVE"], "DEPBAR", "LE") == [3]
+
+
+@needs_nvcc_and_cuobjdump
+def test_tensor_map_is_aligned_as_the_driver_declares_it():
+    from harness.backends.cuda import tensormap, toolkit
+
+    header = Path(toolkit.cuda_root()) / "include" / "cuda.h"
+    declared = re.search(r"typedef struct CUtensorMap_st \{\s*#if[^\n]*\n\s*alignas\((\d+)\)", header.read_text())
+    assert declared, f"no alignas in {header}'s CUtensorMap_st"
+    ours = re.search(r"struct alignas\((\d+)\) TensorMap", source_path("cuda/ptx.h").read_text())
+    assert ours and int(ours.group(1)) == int(declared.group(1)) == tensormap.TENSOR_MAP_ALIGNMENT
 
 
 # ---- triton/ --------------------------------------------------------------------------------------------------

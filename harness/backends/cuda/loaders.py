@@ -88,14 +88,15 @@ class CupyLoader:
         self.cupy = cupy
 
     def _tensor_map(self, raw: bytes):
-        """A CUtensorMap by value: a NumPy structured scalar of 128 bytes, aligned to 64 bytes in
-        the parameter buffer (CuPy passes structured scalars as structs; make_aligned_dtype, CuPy
-        13+, carries the alignment)."""
+        """A CUtensorMap by value: a NumPy structured scalar of 128 bytes, aligned as the kernel's
+        parameter type is in the parameter buffer (CuPy passes structured scalars as structs;
+        make_aligned_dtype, CuPy 13+, carries the alignment)."""
         make_aligned = getattr(self.cupy, "make_aligned_dtype", None)
         if make_aligned is None:
-            raise RuntimeError(f"CuPy {self.cupy.__version__} cannot pass a 64-byte-aligned CUtensorMap by value "
-                               "(cupy.make_aligned_dtype, CuPy 13+): use PyCUDA (MATMUL_CUDA_LOADER=pycuda)")
-        dtype = make_aligned(np.dtype([("opaque", np.uint64, (16,))]), alignment=64)
+            raise RuntimeError(f"CuPy {self.cupy.__version__} cannot pass a {tensormap.TENSOR_MAP_ALIGNMENT}-byte-aligned "
+                               "CUtensorMap by value (cupy.make_aligned_dtype, CuPy 13+): use PyCUDA "
+                               "(MATMUL_CUDA_LOADER=pycuda)")
+        dtype = make_aligned(np.dtype([("opaque", np.uint64, (16,))]), alignment=tensormap.TENSOR_MAP_ALIGNMENT)
         return np.frombuffer(raw, dtype=dtype)[0]
 
     def load(self, cubin: Path, kernel: str, signature: str, shared_bytes: int = 0):

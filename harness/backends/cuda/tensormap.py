@@ -20,6 +20,8 @@ ELEMENT_BYTES = {"float16": 2, "bfloat16": 2}
 SWIZZLE_128B = 3
 L2_PROMOTION_256B = 3
 TENSOR_MAP_BYTES = 128
+# cuda.h declares CUtensorMap alignas(128); cuda/ptx.h's TensorMap matches (tests/test_sass.py).
+TENSOR_MAP_ALIGNMENT = 128
 
 
 def declare(function):
@@ -48,8 +50,8 @@ def encode(encoder, arg: TensorMapArg, address: int, pitch_bytes: int, dtype: st
     zeros outside the matrix. Raises RuntimeError with the arguments when the encoder refuses."""
     if dtype not in DATA_TYPES:
         raise ValueError(f"no tensor map data type for {dtype}")
-    raw = ctypes.create_string_buffer(TENSOR_MAP_BYTES + 64)
-    offset = (-ctypes.addressof(raw)) % 64  # a CUtensorMap is 64-byte aligned
+    raw = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGNMENT)
+    offset = (-ctypes.addressof(raw)) % TENSOR_MAP_ALIGNMENT
     target = ctypes.addressof(raw) + offset
     dims = (ctypes.c_uint64 * 2)(arg.cols, arg.rows)
     strides = (ctypes.c_uint64 * 1)(pitch_bytes)
