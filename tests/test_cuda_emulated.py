@@ -127,3 +127,41 @@ extern "C" __global__ void divergent(float* x, int n)
     launch = cuda.Launch("divergent", (1, 1, 1), (64, 1, 1), ("A", 64), "Pi")
     with pytest.raises(RuntimeError, match="deadlock"):
         library.launch(launch, {"A": x.ctypes.data})
+
+
+def _emulated_variant(relative: str, technique: str, dtype: str, shape: Shape, text: str, tag: str):
+    """Whether ``text`` (a variant of ``relative``) computes the right product at ``shape``."""
+    library = cuda.EmulatedLibrary(cuda.build_emulation(relative, source_text=text, tag=tag))
+    a, b = harness.make_inputs(shape, dtype, seed=5)
+    operation = "gemv" if technique == "gemv" else "gemm"
+    buffers, out_shape = cuda.kernel_buffers(operation, a, b, technique)
+    buffers = {name: cuda.emulation._aligned_copy(array) for name, array in buffers.items()}
+    buffers["C"] = cuda.emulation._aligned_copy(np.full(out_shape, np.nan, dtype=a.dtype))
+    library.launch(cuda.plan(technique, dtype, *shape), {name: x.ctypes.data for name, x in buffers.items()})
+    return harness.check(buffers["C"].reshape(shape.m, shape.n), a, b).passed
+
+
+def _without(relative: str, what: str) -> str:
+    text = source_path(relative).read_text()
+    assert what in text, f"{relative} no longer contains {what!r}"
+    return text.replace(what, "")
+
+
+@pytest.mark.parametrize("barrier", ["__syncwarp();  // the tile is in place before the lanes read it",
+                                     "__syncwarp();  // every lane has read the tile before the next store overwrites it"],
+                         ids=["before-reading", "before-overwriting"])
+def test_wmma_epilogue_without_its_syncwarp_is_wrong(barrier):
+    """store_matrix_sync writes each lane's share and synchronizes nothing, as on the GPU."""
+    text = source_path("cuda/wmma.cu").read_text()
+    assert _emulated_variant("cuda/wmma.cu", "wmma", "bfloat16", Shape(40, 48, 32), text, "")
+    assert not _emulated_variant("cuda/wmma.cu", "wmma", "bfloat16", Shape(40, 48, 32), _without("cuda/wmma.cu", barrier),
+                                 "no-syncwarp-" + barrier[16:24].strip().replace(" ", "-"))
+
+
+def test_shuffle_mask_that_leaves_lanes_out_is_an_error():
+    full = "__shfl_xor_sync(0xffffffffu, acc, offset)"
+    text = source_path("cuda/gemv.cu").read_text()
+    assert full in text
+    with pytest.raises(RuntimeError, match="lane 16 calls it with mask 0x0000ffff"):
+        _emulated_variant("cuda/gemv.cu", "gemv", "bfloat16", Shape(1, 9, 64),
+                          text.replace(full, full.replace("0xffffffffu", "0x0000ffffu")), "half-mask")

@@ -223,6 +223,46 @@ def test_cp_async_lands_at_wait_group_with_zero_fill(probes):
     np.testing.assert_array_equal(snapshots[3], np.concatenate([group0, group1, group2]))        # wait_group 0
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_cp_async_lands_any_time_between_issue_and_wait_group(probes, monkeypatch, seed):
+    """MATMUL_EMU_ASYNC=random:SEED: a copy may land at any scheduling point of its thread after
+    it is issued, and has landed once a wait_group covers it."""
+    monkeypatch.setenv("MATMUL_EMU_ASYNC", f"random:{seed}")
+    src = np.arange(1, 49, dtype=np.uint8)
+    out = np.zeros(4 * 48, dtype=np.uint8)
+    probes.launch(cuda.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
+                  {"S": src.ctypes.data, "O": out.ctypes.data})
+    final = np.concatenate([src[:16], src[16:22], np.zeros(10, np.uint8), np.zeros(16, np.uint8)]).reshape(3, 16)
+    snapshots = out.reshape(4, 3, 16)
+    for i, snapshot in enumerate(snapshots):
+        for group in range(3):
+            landed = np.array_equal(snapshot[group], final[group])
+            assert landed or np.all(snapshot[group] == 0xFF), f"snapshot {i}, group {group}: a torn copy"
+            if group < i:  # wait_group 3 - i covers groups 0 .. i - 1
+                assert landed, f"group {group} not landed after the wait_group that covers it"
+
+
+def test_cp_async_random_landing_varies_with_the_seed(probes, monkeypatch):
+    early = set()
+    for seed in range(1, 9):
+        monkeypatch.setenv("MATMUL_EMU_ASYNC", f"random:{seed}")
+        out = np.zeros(4 * 48, dtype=np.uint8)
+        probes.launch(cuda.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
+                      {"S": np.arange(1, 49, dtype=np.uint8).ctypes.data, "O": out.ctypes.data})
+        early.add(tuple(out.reshape(4, 3, 16)[0, :, 0] != 0xFF))  # which groups landed before any wait
+    assert len(early) > 1, "every seed landed the copies at the same points"
+
+
+def test_cp_async_lands_at_issue_when_asked(probes, monkeypatch):
+    monkeypatch.setenv("MATMUL_EMU_ASYNC", "issue")
+    src = np.arange(1, 49, dtype=np.uint8)
+    out = np.zeros(4 * 48, dtype=np.uint8)
+    probes.launch(cuda.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
+                  {"S": src.ctypes.data, "O": out.ctypes.data})
+    final = np.concatenate([src[:16], src[16:22], np.zeros(26, np.uint8)])
+    np.testing.assert_array_equal(out.reshape(4, 48), np.stack([final] * 4))
+
+
 # ---- cuda/mma.cu with a wrong layout, or not waiting, computes wrong results --------------------------------
 A_LOAD = "ptx::ldmatrix_x4(a[i][0], a[i][1], a[i][2], a[i][3],"
 B_LOAD = "ptx::ldmatrix_x4_trans(b[j][0], b[j][1], b[j + 1][0], b[j + 1][1],"
@@ -231,6 +271,8 @@ BROKEN = {
     "B without .trans": (B_LOAD, B_LOAD.replace("_trans", "")),
     "A registers 1 and 2 swapped": (A_LOAD, "ptx::ldmatrix_x4(a[i][0], a[i][2], a[i][1], a[i][3],"),
     "no cp.async.wait_group": (WAIT, "// (removed) " + WAIT),
+    "wait_group count off by one": (WAIT, WAIT.replace("STAGES - 2", "STAGES - 1")),
+    "ldmatrix rows from lane % 8": ("const int ld_row = lane % 16,", "const int ld_row = lane % 8,"),
 }
 
 
@@ -255,11 +297,19 @@ def _run_variant(text: str, tag: str, dtype: str, shape: Shape) -> bool:
 def test_mma_kernel_with_a_wrong_layout_or_no_wait_fails(broken):
     text = source_path("cuda/mma.cu").read_text()
     old, new = BROKEN[broken]
-    assert text.count(old) == 1, f"cuda/mma.cu should contain {old!r} once"
+    assert old in text, f"cuda/mma.cu should contain {old!r}"
     shape = Shape(64, 72, 96)  # K and N multiples of 8: A and B through cp.async, 3 K tiles
     assert _run_variant(text, "intact", "bfloat16", shape), "the intact kernel should pass"
     tag = "broken-" + "".join(ch for ch in broken if ch.isalnum())
     assert not _run_variant(text.replace(old, new), tag, "bfloat16", shape), f"mma.cu with {broken} passed"
+
+
+@pytest.mark.parametrize("landing", ["wait", "issue", "random:1", "random:2"])
+def test_mma_ring_is_right_whenever_the_copies_land(monkeypatch, landing):
+    """8 K tiles through the 3-stage ring (every stage refilled twice), copies landing at their
+    wait_group, at issue or at random points in between."""
+    monkeypatch.setenv("MATMUL_EMU_ASYNC", landing)
+    assert _run_variant(source_path("cuda/mma.cu").read_text(), "intact", "bfloat16", Shape(150, 136, 256))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -293,3 +293,111 @@ def test_unaligned_rows_are_padded_and_the_padding_never_read():
     assert cuda.pitched(aligned) is aligned
     outcome = _run_wgmma(source_path("cuda/wgmma.cu").read_text(), "", Shape(33, 5, 13))
     assert outcome.passed, outcome.message
+
+
+# ---- copies that land at any legal time, on rings that wrap and uneven persistent blocks ---------------
+LANDINGS = ["wait", "issue", "random:1", "random:2"]
+UNEVEN = Shape(200, 300, 320)  # 2 x 2 = 4 tiles on 3 blocks (block 0 walks two); 5 K tiles in 4 stages
+
+
+@pytest.mark.parametrize("landing", LANDINGS)
+def test_pipeline_is_right_whenever_the_copies_land(monkeypatch, landing):
+    """TMA boxes land at the consumers' wait, at issue, or at random points in between: the
+    intact kernel is right every time (a kernel that reads too early or refills too early is not)."""
+    monkeypatch.setenv("MATMUL_EMU_ASYNC", landing)
+    tiles = cuda.cdiv(UNEVEN.m, 128) * cuda.cdiv(UNEVEN.n, 256)
+    assert tiles % cuda.plan("wgmma", "bfloat16", *UNEVEN).grid[0] != 0
+    outcome = _run_wgmma(source_path("cuda/wgmma.cu").read_text(), "", UNEVEN)
+    assert outcome.passed, outcome.message
+
+
+def test_unknown_landing_time_is_refused(monkeypatch):
+    monkeypatch.setenv("MATMUL_EMU_ASYNC", "sometimes")
+    with pytest.raises(RuntimeError, match="MATMUL_EMU_ASYNC must be wait, issue or random:SEED"):
+        _run_wgmma(source_path("cuda/wgmma.cu").read_text(), "", Shape(16, 16, 16))
+
+
+@pytest.mark.parametrize("landing", ["issue", "random:1"])
+def test_stage_released_before_wgmma_wait_group_computes_wrong_results(monkeypatch, landing):
+    """The consumer releases the previous stage before wgmma.wait_group says its wgmmas are done;
+    the producer's refill lands while they still read it."""
+    monkeypatch.setenv("MATMUL_EMU_ASYNC", landing)
+    text = source_path("cuda/wgmma.cu").read_text()
+    old = "ptx::wgmma_wait_group<1>();"
+    assert old in text
+    assert not _run_wgmma(text.replace(old, "ptx::wgmma_wait_group<2>();"), "wait2", UNEVEN).passed
+
+
+def test_register_budget_beyond_the_register_file_is_reported():
+    """setmaxnreg.inc 240 for the consumers: 128 x 40 + 256 x 240 > 64K registers."""
+    text = source_path("cuda/wgmma.cu").read_text()
+    assert "ptx::setmaxnreg_inc<232>();" in text
+    with pytest.raises(RuntimeError, match=r"deadlock.*setmaxnreg\.inc 240: needs 2304 more registers"):
+        _run_wgmma(text.replace("ptx::setmaxnreg_inc<232>();", "ptx::setmaxnreg_inc<240>();"), "inc240", UNEVEN)
+
+
+# Probes of the checks on one warp group: `variant` chooses what it gets wrong.
+CHECKS_KERNEL = r'''
+extern "C" __global__ void checks(float* out, int variant)
+{
+    unsigned char* smem = ptx::dynamic_shared_memory();
+    const ptx::smem_t base = ptx::smem_address(smem);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 16384 + 4 * 8192; ++i) smem[i] = 0;  // zeros: 0 x 0 is no NaN
+        if (variant != 1) ptx::fence_proxy_async();            // 1: no fence between the stores and wgmma
+    }
+    __syncthreads();
+    float d[128];
+    ptx::wgmma_fence();
+    const ptx::smem_t a = base + (variant == 2 && threadIdx.x / 32 == 1 ? 1024 : 0);  // 2: warp 1 differs
+    ptx::wgmma_m64n256k16_bf16(d, ptx::wgmma_descriptor(a, 16, 1024, ptx::kSwizzle128B),
+                               ptx::wgmma_descriptor(base + 16384, 8192, 1024, ptx::kSwizzle128B), 0);
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    if (variant == 3) {  // 3: a second wgmma on accumulators read since the wait, with no fence
+        d[0] += 1.f;
+        ptx::wgmma_m64n256k16_bf16(d, ptx::wgmma_descriptor(base, 16, 1024, ptx::kSwizzle128B),
+                                   ptx::wgmma_descriptor(base + 16384, 8192, 1024, ptx::kSwizzle128B), 1);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+    }
+    if (variant == 4) {  // 4: setmaxnreg.dec above what the warp has (128 threads: 256 each)
+        ptx::setmaxnreg_inc<256>();
+        ptx::setmaxnreg_dec<40>();
+        ptx::setmaxnreg_inc<248>();  // the pool has what the .dec gave back: fine
+        ptx::setmaxnreg_dec<256>();  // above 248: not a decrease
+    }
+    for (int i = 0; i < 128; ++i) out[threadIdx.x * 128 + i] = d[i];
+}
+'''
+
+
+def _checks(variant: int) -> np.ndarray:
+    out = np.full((128, 128), -1.0, dtype=np.float32)
+    _library(CHECKS_KERNEL, "checks").launch(cuda.Launch("checks", (1, 1, 1), (128, 1, 1), ("O", variant), "Pi"),
+                                             {"O": out.ctypes.data})
+    return out
+
+
+def test_wgmma_checks_pass_when_nothing_is_wrong():
+    np.testing.assert_array_equal(_checks(0), 0.0)
+
+
+def test_plain_stores_without_fence_proxy_async_are_not_seen_by_wgmma():
+    """The async proxy still has what was there before the block (0xff bytes: NaN)."""
+    assert np.isnan(_checks(1)).all()
+
+
+def test_descriptors_that_differ_across_a_warp_group_are_an_error():
+    with pytest.raises(RuntimeError, match="warp 1 gave descriptors .* must be the same"):
+        _checks(2)
+
+
+def test_wgmma_after_wait_group_without_a_fence_is_an_error():
+    with pytest.raises(RuntimeError, match="without a wgmma.fence"):
+        _checks(3)
+
+
+def test_setmaxnreg_dec_above_the_current_count_is_an_error():
+    with pytest.raises(RuntimeError, match="setmaxnreg.dec 256: warp 0 has only 248"):
+        _checks(4)

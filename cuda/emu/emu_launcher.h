@@ -84,6 +84,7 @@ inline int launch_checked(const KernelEntry* table, int count, int i, const unsi
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return fail("every grid dimension must be >= 1");
     if (grid[1] > 65535 || grid[2] > 65535) return fail("gridDim.y and gridDim.z must be <= 65535");
     std::lock_guard<std::mutex> lock(launch_mutex);
+    if (const char* why = read_async_policy()) return fail(why);
     const char* message = run_grid(table[i].invoke, args, dim3(grid[0], grid[1], grid[2]),
                                    dim3(block[0], block[1], block[2]));
     return message ? fail(message) : 0;

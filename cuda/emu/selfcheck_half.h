@@ -38,7 +38,7 @@ int run(int index, int M, int N, int K, const unsigned grid[3], const unsigned b
     for (size_t i = 0; i < size_t(M) * K; ++i) A[i] = Codec<T>::from(next());
     for (size_t i = 0; i < size_t(K) * N; ++i) B[i] = Codec<T>::from(next());
     void* args[] = {&A, &B, &C, &M, &N, &K};
-    char error[256] = {0};
+    char error[4096] = {0};  // a deadlock report names every thread's wait
     if (emu_launch(index, grid, block, args, error, sizeof error) != 0) {
         std::fprintf(stderr, "launch failed: %s\n", error);
         return 3;

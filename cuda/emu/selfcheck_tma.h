@@ -53,7 +53,7 @@ int run(int index, int M, int N, int K, const unsigned grid[3], const unsigned b
         return 2;
     }
     void* args[] = {&a_map, &b_map, &C, &M, &N, &K};
-    char error[256] = {0};
+    char error[4096] = {0};  // a deadlock report names every thread's wait
     if (emu_launch(index, grid, block, args, error, sizeof error) != 0) {
         std::fprintf(stderr, "launch failed: %s\n", error);
         return 3;

@@ -12,11 +12,16 @@
 //    bytes, boxes over 256 or wider than the swizzle span...). A copy reads its box when issued,
 //    zeros outside the tensor, and places each 16-byte chunk at the box-linear offset with the
 //    swizzle applied to the shared address (128B: bits [4, 7) ^= bits [7, 10); 64B: [4, 6) ^=
-//    [7, 9); 32B: bit 4 ^= bit 7). When it lands it completes its bytes on the mbarrier:
-//      fibers: as late as the ISA allows, when a thread tests that barrier (try_wait), so a
-//        kernel that reads a stage without waiting reads what was there before;
-//      EMU_THREADS: at once, by the issuing thread, so a reader that did not wait on the
-//        barrier has no happens-before edge to that thread's writes: a ThreadSanitizer race.
+//    [7, 9); 32B: bit 4 ^= bit 7). When it lands (MATMUL_EMU_ASYNC, cuda_emu.h) it completes its
+//    bytes on the mbarrier:
+//      `wait`: as late as the ISA allows: in the fibers when a thread tests that barrier
+//        (try_wait), so a kernel that reads a stage without waiting reads what was there
+//        before; in EMU_THREADS when the issuing thread next blocks, written by that thread;
+//      `issue`: at once, by the issuing thread, so a producer that refills a stage the
+//        consumers still read overwrites it under them;
+//      `random:SEED`: at a random scheduling point of the issuing thread in between.
+//    In the threaded variant a reader that did not wait on the barrier has no happens-before
+//    edge to the issuing thread's writes: a ThreadSanitizer race.
 //  - wgmma.mma_async is asynchronous here too: each lane records it (its accumulators'
 //    address, the descriptors) in its open group; commit_group closes the group; it is computed
 //    at the wgmma.wait_group that covers its group, the latest moment the ISA allows. So
@@ -26,9 +31,14 @@
 //    16 rows of D (the ISA's fragment: warp w of the warp group owns rows 16 w .. 16 w + 15)
 //    from A and B read through the descriptors (start address, LBO, SBO, swizzle mode; the
 //    canonical layouts of ptx.h) and scatters D through the fragment layout. An mma_async
-//    before any wgmma.fence aborts.
-//  - setmaxnreg: no registers to move on a CPU; the constraints are checked (compile time: a
-//    multiple of 8 in [24, 256]; run time: the same value for the 4 warps of the warp group).
+//    without a wgmma.fence since the thread's last wgmma.wait_group (or since it started) is an
+//    error, as are descriptors that differ between the 4 warps of a warp group. wgmma reads its
+//    operands through the async proxy's view of shared memory (cuda_emu.h): what TMA wrote, or
+//    what plain stores wrote before a fence.proxy.async.
+//  - setmaxnreg: the per-CTA register pool of cuda_emu.h. Checked: a multiple of 8 in [24, 256]
+//    (compile time), the same value for the 4 warps of the warp group, .dec never above and
+//    .inc never below the warp's current count; an .inc the pool cannot give waits, and a wait
+//    nothing can end is reported as a deadlock.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -42,7 +52,10 @@ namespace ptx {
 
 using TensorMap = ::emu::TensorMapBytes;
 
-inline unsigned char* dynamic_shared_memory() { return ::emu::shared_window(); }
+inline unsigned char* dynamic_shared_memory() {
+    ::emu::window_in_use.store(true, std::memory_order_relaxed);
+    return ::emu::shared_window();
+}
 
 namespace hopper {
 
@@ -111,28 +124,17 @@ inline void arrive_once(::emu::MBarrier& b) {
     --b.pending;
 }
 
-inline void maybe_complete(::emu::MBarrier& b) {
-    if (b.pending == 0 && b.tx == 0) {
-        ++b.phase;
-        b.pending = b.expected;
-#ifdef EMU_THREADS
-        b.cv.notify_all();
-#endif
-    }
-}
+using ::emu::add_tx;
+using ::emu::maybe_complete;
 
-inline void add_tx(::emu::MBarrier& b, long long bytes) {
-    b.tx += bytes;
-    if (b.tx > (1 << 20) - 1 || b.tx < -((1 << 20) - 1)) ::emu::fault("mbarrier: transaction count out of range (2^20 - 1)");
-}
-
+// The fibers' late TMA (Landing::at_wait): the boxes of this barrier land at a test of it.
 inline void land(::emu::MBarrier& b) {
     if (b.copies.empty()) return;
-    ::emu::land(b.copies);
+    ::emu::land_async_proxy(b.copies);
     b.copies.clear();
     add_tx(b, -b.copy_bytes);
     b.copy_bytes = 0;
-    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
+    ::emu::changed();
     maybe_complete(b);
 }
 
@@ -177,10 +179,12 @@ inline std::uintptr_t element_address(const Descriptor& d, bool mn_major, int mn
 inline float widen(unsigned short bits, const __nv_bfloat16*) { return __bfloat162float(__ushort_as_bfloat16(bits)); }
 inline float widen(unsigned short bits, const __half*) { return __half2float(__ushort_as_half(bits)); }
 
+// wgmma reads through the async proxy: its view of the window (cuda_emu.h).
 template <class T>
 inline float operand(const Descriptor& d, bool mn_major, int mn, int k) {
     unsigned short bits;
-    std::memcpy(&bits, reinterpret_cast<const void*>(element_address(d, mn_major, mn, k)), 2);
+    const std::uintptr_t offset = element_address(d, mn_major, mn, k) - reinterpret_cast<std::uintptr_t>(window());
+    std::memcpy(&bits, ::emu::async_view() + offset, 2);
     return widen(bits, static_cast<const T*>(nullptr));
 }
 
@@ -208,10 +212,32 @@ inline void compute_mma(float* const* d, int warp, unsigned long long a_desc, un
         }
 }
 
+// The 4 warps of a warp group issue each wgmma together: lane 0 of each warp logs its
+// descriptors by issue index, and a warp that differs from the one that logged first is an error.
+inline void check_warp_group_uniform(unsigned long long a_desc, unsigned long long b_desc) {
+    if (::emu::lane_id() != 0) return;
+    const int warp = ::emu::warp_id(), w = warp % 4;
+    ::emu::WgmmaLog& log = ::emu::wgmma_logs[warp / 4];
+    PTX_EMU_LOCK(log.mutex);
+    const long index = log.issued[w]++;
+    ::emu::WgmmaLog::Entry& e = log.ring[index % 256];
+    if (e.index == index) {
+        if (e.a != a_desc || e.b != b_desc)
+            ::emu::faultf("wgmma.mma_async #%ld of warp group %d: warp %d gave descriptors A 0x%llx, B 0x%llx, "
+                          "warp %d gave A 0x%llx, B 0x%llx (a warp group's descriptors must be the same)",
+                          index, warp / 4, warp, a_desc, b_desc, e.warp, e.a, e.b);
+    } else if (e.index < index) {  // the first warp here (a slot a lagging warp never compared is reused)
+        e.index = index, e.a = a_desc, e.b = b_desc, e.warp = warp;
+    }
+}
+
 // wgmma.mma_async: recorded in this lane's open group; computed at the wait_group covering it.
 template <class T, int N, bool TRANS_A, bool TRANS_B>
 inline void wgmma_m64nNk16(float* d, unsigned long long a_desc, unsigned long long b_desc, int scale_d) {
-    if (!::emu::self->wgmma_fenced) ::emu::fault("wgmma.mma_async before any wgmma.fence");
+    if (!::emu::self->wgmma_fenced)
+        ::emu::fault("wgmma.mma_async without a wgmma.fence before it (none since the thread started, or since its "
+                     "last wgmma.wait_group: the accumulators may have been written by other instructions)");
+    check_warp_group_uniform(a_desc, b_desc);
     ::emu::self->mma_open.push_back({&compute_mma<T, N, TRANS_A, TRANS_B>, d, a_desc, b_desc, scale_d});
 }
 
@@ -259,35 +285,47 @@ inline void mbarrier_init(smem_t bar, unsigned count) {
     b.expected = b.pending = count;
     b.phase = 0, b.tx = 0, b.copy_bytes = 0;
     b.copies.clear();
-    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
+    ::emu::changed();
 }
 inline void fence_mbarrier_init() {}
 inline void mbarrier_arrive(smem_t bar) {
+    ::emu::async_progress(*::emu::self, false);
     ::emu::MBarrier& b = hopper::barrier_at(bar, "arrive");
     PTX_EMU_LOCK(b.mutex);
     hopper::arrive_once(b);
-    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
+    ::emu::changed();
     hopper::maybe_complete(b);
 }
 inline void mbarrier_arrive_expect_tx(smem_t bar, unsigned bytes) {
+    ::emu::async_progress(*::emu::self, false);
     ::emu::MBarrier& b = hopper::barrier_at(bar, "arrive.expect_tx");
     PTX_EMU_LOCK(b.mutex);
     hopper::add_tx(b, bytes);
     hopper::arrive_once(b);
-    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
+    ::emu::changed();
     hopper::maybe_complete(b);
 }
 inline bool mbarrier_try_wait_parity(smem_t bar, unsigned parity) {
     ::emu::MBarrier& b = hopper::barrier_at(bar, "try_wait.parity");
+    ::emu::ThreadState& s = *::emu::self;
 #ifdef EMU_THREADS
+    {
+        PTX_EMU_LOCK(b.mutex);
+        if (hopper::test_parity(b, parity)) return true;
+    }
+    ::emu::async_progress(s, true);  // about to wait: this thread's own copies land first (outside the lock)
     PTX_EMU_LOCK(b.mutex);
     if (hopper::test_parity(b, parity)) return true;
     // "may suspend for a time limit": wait for a change, then test once more
+    s.waiting(::emu::Wait::mbarrier, bar, long(parity & 1u));
     b.cv.wait_for(lock.lock, std::chrono::microseconds(200));
+    s.waiting(::emu::Wait::none);
     return hopper::test_parity(b, parity);
 #else
     if (hopper::test_parity(b, parity)) return true;
+    s.waiting(::emu::Wait::mbarrier, bar, long(parity & 1u));
     ::emu::yield();  // the other fibers run first
+    s.waiting(::emu::Wait::none);
     return hopper::test_parity(b, parity);
 #endif
 }
@@ -296,7 +334,13 @@ inline void mbarrier_wait_parity(smem_t bar, unsigned parity) {
     }
 }
 
-inline void fence_proxy_async() {}  // one memory on the CPU: nothing to order between proxies
+// The generic proxy's shared memory becomes the async proxy's (cuda_emu.h). Not instrumented for
+// ThreadSanitizer: the copy stands for the hardware's ordering, not for a thread's reads and writes.
+__attribute__((no_sanitize("thread"), noinline)) inline void fence_proxy_async() {
+    const volatile unsigned long long* from = reinterpret_cast<const unsigned long long*>(::emu::shared_window());
+    volatile unsigned long long* to = reinterpret_cast<unsigned long long*>(::emu::async_view());
+    for (size_t i = 0; i < ::emu::kSharedWindowBytes / 8; ++i) to[i] = from[i];
+}
 
 inline void tma_load_2d(smem_t dst, const TensorMap* map, int x, int y, smem_t bar) {
     hopper::EmulatedTensorMap m;
@@ -323,34 +367,68 @@ inline void tma_load_2d(smem_t dst, const TensorMap* map, int x, int y, smem_t b
     for (unsigned i = 0; i < chunks.size(); ++i)
         chunks[i].destination = hopper::window() + hopper::swizzle(offset + 16 * i, span);
     ::emu::MBarrier& b = hopper::barrier_at(bar, "cp.async.bulk.tensor complete_tx");
-    PTX_EMU_LOCK(b.mutex);
-#ifdef EMU_THREADS
-    ::emu::land(chunks);  // lands now, written by this thread (see the header)
-    hopper::add_tx(b, -(long long)bytes);
-    ::emu::mbarriers.changes.fetch_add(1, std::memory_order_relaxed);  // no ordering: not an edge for TSan
-    hopper::maybe_complete(b);
-#else
-    b.copies.insert(b.copies.end(), chunks.begin(), chunks.end());
-    b.copy_bytes += bytes;
+    ::emu::TmaCopy copy{&b, std::move(chunks), (long long)bytes};
+    const ::emu::Landing landing = ::emu::async_policy.landing;
+    if (landing == ::emu::Landing::at_issue) {
+        ::emu::land_tma(copy);  // lands now, written by this thread
+        return;
+    }
+#ifndef EMU_THREADS
+    if (landing == ::emu::Landing::at_wait) {  // lands when a thread tests the barrier
+        b.copies.insert(b.copies.end(), copy.chunks.begin(), copy.chunks.end());
+        b.copy_bytes += copy.bytes;
+        return;
+    }
 #endif
+    ::emu::self->tma_in_flight.push_back(std::move(copy));
+    ::emu::async_progress(*::emu::self, false);
 }
 
+// Lane 0 of each warp checks the request and moves the warp's registers through the pool; the
+// warp goes on together once it has them.
 template <int N>
-inline void setmaxnreg_check(bool increase) {
+inline void setmaxnreg(bool increase) {
     static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
-    if (::emu::lane_id() != 0) return;
-    const int warp = ::emu::warp_id(), group = warp / 4, w = warp % 4;
-    ::emu::RegisterRequests& r = ::emu::register_requests[group];
-    PTX_EMU_LOCK(r.mutex);  // the warps of the group record concurrently in the threaded variant
-    const int index = r.count[w]++;
-    if (index >= 16) return;
-    r.value[w][index] = increase ? N : -N;
-    for (int other = 0; other < 4; ++other)
-        if (other != w && r.count[other] > index && r.value[other][index] != r.value[w][index])
-            ::emu::fault("setmaxnreg: the warps of a warp group asked for different register counts");
+    if (::emu::lane_id() == 0) {
+        const int warp = ::emu::warp_id(), group = warp / 4, w = warp % 4;
+        ::emu::RegisterPool& pool = ::emu::register_pool;
+        PTX_EMU_LOCK(pool.mutex);  // the warps record concurrently in the threaded variant
+        const int index = pool.count[group][w]++;
+        if (index < 16) {
+            pool.value[group][w][index] = increase ? N : -N;
+            for (int other = 0; other < 4; ++other)
+                if (other != w && pool.count[group][other] > index && pool.value[group][other][index] != pool.value[group][w][index])
+                    ::emu::fault("setmaxnreg: the warps of a warp group asked for different register counts");
+        }
+        const int current = pool.per_thread[warp];
+        if (increase && N < current)
+            ::emu::faultf("setmaxnreg.inc %d: warp %d already has %d registers per thread", N, warp, current);
+        if (!increase && N > current)
+            ::emu::faultf("setmaxnreg.dec %d: warp %d has only %d registers per thread", N, warp, current);
+        if (increase) {
+            const long need = long(N - current) * ::emu::kWarpSize;
+            while (pool.free < need) {  // the GPU's TRY_ALLOC loop: wait for another warp's .dec
+                ::emu::self->waiting(::emu::Wait::registers, std::uintptr_t(need), N);
+#ifdef EMU_THREADS
+                lock.lock.unlock();
+                ::emu::yield();
+                lock.lock.lock();
+#else
+                ::emu::yield();
+#endif
+            }
+            ::emu::self->waiting(::emu::Wait::none);
+            pool.free -= need;
+        } else {
+            pool.free += long(current - N) * ::emu::kWarpSize;
+        }
+        pool.per_thread[warp] = N;
+        ::emu::changed();
+    }
+    ::emu::warp_barrier();
 }
-template <int N> inline void setmaxnreg_inc() { setmaxnreg_check<N>(true); }
-template <int N> inline void setmaxnreg_dec() { setmaxnreg_check<N>(false); }
+template <int N> inline void setmaxnreg_inc() { setmaxnreg<N>(true); }
+template <int N> inline void setmaxnreg_dec() { setmaxnreg<N>(false); }
 
 inline void wgmma_fence() { ::emu::self->wgmma_fenced = true; }
 inline void wgmma_commit_group() {
@@ -361,6 +439,8 @@ inline void wgmma_commit_group() {
 template <int N> inline void wgmma_wait_group() {
     static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0..7");
     hopper::wait_group(size_t(N));
+    // The accumulators are the thread's registers again: a later wgmma needs a fence first.
+    ::emu::self->wgmma_fenced = false;
 }
 
 inline void wgmma_m64n256k16_bf16(float (&d)[128], unsigned long long a_desc, unsigned long long b_desc, int scale_d) {

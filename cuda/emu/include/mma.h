@@ -1,10 +1,12 @@
 // Stand-in for CUDA's mma.h (nvcuda::wmma), for the CPU emulation only (never on nvcc's path).
 //
 // On the GPU a fragment is spread over the 32 lanes of a warp in an unspecified layout. Here
-// every lane holds the whole tile: loads and the multiply are done by each lane (redundantly),
-// and only lane 0 writes a stored tile, between warp barriers, so the other lanes see it when
-// store_matrix_sync returns. Element-wise code over `x[0..num_elements)` behaves as on the GPU
-// (the same operation on every element), which is all the real API allows.
+// every lane holds the whole tile: loads and the multiply are done by each lane (redundantly).
+// store_matrix_sync writes the tile as the GPU does, each lane its own share of the elements
+// (here elements lane, lane + 32, ...), and synchronizes nothing: a lane that reads what other
+// lanes stored needs a __syncwarp in between, and one that stores over what other lanes still
+// read needs one before. Element-wise code over `x[0..num_elements)` behaves as on the GPU (the
+// same operation on every element), which is all the real API allows.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -68,12 +70,10 @@ inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, u
 
 template <int M, int N, int K, class T>
 inline void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
-    __syncwarp();  // no lane may still be reading what lane 0 is about to overwrite
-    if (::emu::lane_id() == 0)
-        for (int r = 0; r < M; ++r)
-            for (int c = 0; c < N; ++c)
-                (layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r]) = f.x[r * N + c];
-    __syncwarp();  // the stored tile is visible to the whole warp on return
+    for (int e = ::emu::lane_id(); e < M * N; e += ::emu::kWarpSize) {
+        const int r = e / N, c = e % N;
+        (layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r]) = f.x[e];
+    }
 }
 
 // D = A * B + C, products and sums in FP32 (as the tensor cores do for BF16/FP16 inputs).

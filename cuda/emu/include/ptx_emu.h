@@ -9,8 +9,9 @@
 //    second barrier each lane takes its D registers, and a third keeps the area until all have.
 //    Nothing here knows which layout a kernel "meant": registers in the wrong order, or a B
 //    fragment loaded without .trans, give wrong products, as on the GPU.
-//  - cp.async reads global memory when issued and lands in shared memory at the wait_group
-//    that covers its group (see cuda_emu.h): the latest moment the ISA allows.
+//  - cp.async reads global memory when issued and lands in shared memory when MATMUL_EMU_ASYNC
+//    says (cuda_emu.h): at the wait_group that covers its group (the latest moment the ISA
+//    allows, the default), at issue, or at a random scheduling point of its thread in between.
 //  - Misaligned addresses, which the GPU faults on, abort with a message.
 #pragma once
 #include <cuda_bf16.h>
@@ -162,12 +163,18 @@ inline void cp_async_16(smem_t dst, const void* src, unsigned src_bytes) {
     copy.destination = reinterpret_cast<unsigned char*>(dst);
     std::memset(copy.bytes, 0, sizeof copy.bytes);
     if (src_bytes > 0) std::memcpy(copy.bytes, src, src_bytes);
+    if (::emu::async_policy.landing == ::emu::Landing::at_issue) {
+        std::memcpy(copy.destination, copy.bytes, sizeof copy.bytes);
+        return;
+    }
     ::emu::self->async_open.push_back(copy);
+    ::emu::async_progress(*::emu::self, false);
 }
 inline void cp_async_commit_group() {
     ::emu::ThreadState& s = *::emu::self;
     s.async_groups.push_back(std::move(s.async_open));
     s.async_open.clear();
+    ::emu::async_progress(s, false);
 }
 template <int N>
 inline void cp_async_wait_group() {
