@@ -36,7 +36,7 @@ import math
 from .. import files, machine
 from ..checking import check, reference
 from ..compare import _finite_or_null, blas_limits
-from ..core import Matmul
+from ..core import InputGuard, Matmul, wrote_inputs_message
 from ..inputs import Shape, make_inputs, parse_shape
 from ..registry import lookup
 from ..timing import time_cpu
@@ -127,9 +127,14 @@ def _measure(name: str, shape: Shape, dtype: str, min_time: float, **options) ->
     if reason:
         return {**entry, "status": f"unavailable: {reason}"}
     a, b = make_inputs(shape, dtype)
-    prepared = Matmul(impl, allow_slow=True, **options).prepare(a, b)
+    expected = reference(a, b)  # before the row runs, as compare does; the row gets read-only views
+    guard = InputGuard(a, b)
+    prepared = Matmul(impl, allow_slow=True, **options).prepare(guard.a, guard.b)
     prepared.run()
-    outcome = check(prepared.result(), a, b, reference(a, b))
+    result = prepared.result()
+    if guard.written():
+        return {**entry, "status": f"FAILED: {wrote_inputs_message(name, guard.written())}"}
+    outcome = check(result, a, b, expected)
     entry["max_abs_error"] = outcome.max_abs_error
     if not outcome.passed:
         return {**entry, "status": f"FAILED: {outcome.message}"}
