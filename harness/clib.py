@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from . import call_glue, sources
+from . import call_glue, files, sources
 
 LIBRARY_NAMES = {"linux": "libmatmul.so", "darwin": "libmatmul.dylib"}
 
@@ -58,8 +58,6 @@ def interprocess_lock(build_dir: Path):
     The lock file is never followed through a symlink nor truncated (files.locked): a link
     planted at build/.../.build.lock is refused, not written through. Where there is no flock
     (Windows), builds are only serialised within a process."""
-    from . import files
-
     build_dir.mkdir(parents=True, exist_ok=True)
     with files.locked(build_dir / ".build.lock"):
         yield
@@ -147,13 +145,13 @@ def build_in_checkout(build_dir: Path | None = None, *extra_cmake_args: str) -> 
             log = build_dir / "build-error.log"
             output = done.stdout + done.stderr
             build_dir.mkdir(parents=True, exist_ok=True)
-            log.write_text(f"$ {' '.join(command)}\n{output}")
+            files.write_text(log, f"$ {' '.join(command)}\n{output}")
             raise CLibraryError(f"building the C library failed: {first_error(output)}\n(full log: {log})")
     library = build_dir / _library_filename()
     if not library.is_file():
         raise CLibraryError(f"CMake finished but {library} is missing")
     library.touch()  # a no-op rebuild must still make the library newer than its sources
-    _stamp(library).write_text(_fingerprint(library))  # last: the build is complete
+    files.write_text(_stamp(library), _fingerprint(library))  # last, and whole: the build is complete
     return library
 
 
