@@ -381,3 +381,79 @@ def test_tma_configs_fit_hopper_shared_memory(tma_source):
     assert len(tma_source.prune_configs(tma_source.HOPPER_CONFIGS, 1024)) == 1
     config = tma_source.HOPPER_CONFIGS[0]  # 128 x 256 x 64, 3 stages, whole C tile staged
     assert tma_source.shared_memory_bytes(config) == (3 * (128 + 256) * 64 + 128 * 256) * 2
+
+
+# --- the interpreter made strict (triton_kernels.StrictInterpreter) ---------------------------------
+def _mutated_matmul(tmp_path, old: str, new: str):
+    """triton/matmul.py with one edit, loaded from a file of its own (Triton reads the source)."""
+    import importlib.util
+
+    text = harness.sources.source_path("triton/matmul.py").read_text()
+    assert old in text
+    path = tmp_path / f"matmul_mutant_{abs(hash(new))}.py"
+    path.write_text(text.replace(old, new))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _strict_matmul(module, shape: str, dtype: str):
+    a, b = make_inputs(shape, dtype, seed=2)
+    with triton_kernels.StrictInterpreter() as strict:
+        c = module.matmul(triton_kernels.to_torch(a, DEVICE), triton_kernels.to_torch(b, DEVICE))
+    return check(triton_kernels.to_numpy(c), a, b), strict
+
+
+STRICT_MUTANTS = {
+    # masked-off lanes of B's K tail read as NaN instead of the interpreter's zeros
+    "k tail without other": ("b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
+                             "b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left)", "NaN"),
+    # rows past M read past A's storage: an out-of-bounds load, not whatever lies there
+    "rows past M not wrapped": ("offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M",
+                                "offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "out-of-bounds load"),
+    # FP32 multiplied in TF32, as the tensor cores would: outside the FP32 tolerance
+    "fp32 as tf32": ('"INPUT_PRECISION": "tf32" if (dtype != torch.float32 or allow_tf32) else "ieee",',
+                     '"INPUT_PRECISION": "tf32",', "wrong"),
+}
+
+
+@pytest.mark.skipif(MODE != "interpreted", reason="the strict interpreter is for interpreted runs")
+def test_strict_interpreter_passes_the_intact_kernel(tmp_path):
+    for dtype in ("float32", "bfloat16"):
+        outcome, strict = _strict_matmul(triton_kernels.load_source("triton/matmul.py"), "33x65x129", dtype)
+        assert outcome.passed, outcome.message
+        assert strict.precisions and set(strict.precisions) == {"ieee" if dtype == "float32" else "tf32"}
+
+
+@pytest.mark.skipif(MODE != "interpreted", reason="the strict interpreter is for interpreted runs")
+@pytest.mark.parametrize("mutant", list(STRICT_MUTANTS))
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the plain run multiplies garbage
+def test_strict_interpreter_catches_what_the_plain_one_lets_through(tmp_path, mutant):
+    old, new, how = STRICT_MUTANTS[mutant]
+    module = _mutated_matmul(tmp_path, old, new)
+    a, b = make_inputs("33x65x129", "float32", seed=2)
+    plain = module.matmul(triton_kernels.to_torch(a, DEVICE), triton_kernels.to_torch(b, DEVICE))
+    if how != "out-of-bounds load":  # reading past A may land anywhere; the rest pass the plain interpreter
+        assert check(triton_kernels.to_numpy(plain), a, b).passed, "the plain interpreter already catches it"
+    if how == "out-of-bounds load":
+        with pytest.raises(Exception, match="out-of-bounds load"):
+            _strict_matmul(module, "33x65x129", "float32")
+        return
+    outcome, _ = _strict_matmul(module, "33x65x129", "float32")
+    assert not outcome.passed
+    if how == "NaN":
+        assert "NaN" in outcome.message or "nan" in outcome.message.lower()
+
+
+@pytest.mark.skipif(MODE != "interpreted", reason="the strict interpreter is for interpreted runs")
+def test_prepared_records_the_precision_each_launch_requests():
+    a, b = make_inputs("17x15x40", "float32")
+    prepared = harness.get("triton.matmul").prepare(a, b)
+    prepared.run()
+    assert prepared.precisions and set(prepared.precisions) == {"ieee"}
+    tf32 = harness.get("triton.matmul", allow_tf32=True).prepare(a, b)
+    tf32.run()
+    assert set(tf32.precisions) == {"tf32"}
+    assert not check(tf32.result(), a, b).passed, "FP32 in TF32 should miss the FP32 tolerance"

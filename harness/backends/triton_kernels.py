@@ -8,7 +8,9 @@ flushed before every repeat), so the two are measured alike.
 
 Without one they run on Triton's CPU interpreter, on CPU torch tensors, as a correctness
 check only: the Prepared's mode is "interpreted", so tables mark the rows and nothing times
-them. The interpreter has to be chosen before Triton builds its kernels: ``@triton.jit``
+them. The interpreter is made strict for each launch (``StrictInterpreter``): masked-off lanes
+of a load without ``other`` read NaN, an unmasked access outside the kernel's tensors is an
+error, and TF32 dots round their FP32 operands as the GPU does. The interpreter has to be chosen before Triton builds its kernels: ``@triton.jit``
 reads TRITON_INTERPRET when it decorates a function, and that includes the helpers inside
 ``triton.language`` (``tl.zeros`` and friends), decorated when ``triton.language`` is first
 imported. So:
@@ -125,6 +127,98 @@ def to_torch(array: np.ndarray, device: str):
     return torch.from_numpy(array).to(device)
 
 
+# --- the interpreter made strict --------------------------------------------------------------------
+class StrictInterpreter:
+    """Triton's interpreter, for one interpreted launch, made to fail where the GPU could differ:
+
+    - a masked load without ``other`` reads NaN in its masked-off lanes (the interpreter gives
+      zeros; the GPU gives whatever the registers held), so a kernel that relies on them fails;
+    - an unmasked lane that loads or stores outside every tensor the kernel was given (their
+      storages' bytes) raises IndexError: a guard past each input, where the interpreter would
+      read or write whatever lies there;
+    - each tl.dot's requested ``input_precision`` is recorded (``precisions``), and TF32 is
+      carried out as TF32 (FP32 operands rounded to 10 mantissa bits, as the tensor cores do),
+      so FP32 multiplied in TF32 fails an FP32 tolerance as it would on the GPU.
+
+    It patches the interpreter's builder while the launch runs (the interpreter has one, shared
+    by the process): a context manager, not reentrant.
+    """
+
+    def __init__(self):
+        self.precisions: list[str] = []
+        self._ranges: list[tuple[int, int]] = []
+        self._saved = {}
+
+    def __enter__(self):
+        from triton.runtime import interpreter
+
+        builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
+        self._saved = {(builder, "create_masked_load"): builder.create_masked_load,
+                       (builder, "create_masked_store"): builder.create_masked_store,
+                       (builder, "create_dot"): builder.create_dot,
+                       (executor, "_init_args_hst"): executor._init_args_hst}
+        strict = self
+        load, store, dot, init_args = (self._saved[key] for key in self._saved)
+
+        def init_args_hst(grid, args_dev, kwargs):
+            args_hst, kwargs_hst = init_args(grid, args_dev, kwargs)
+            strict._ranges = []
+            for arg in [*args_hst, *kwargs_hst.values()]:
+                tensor = getattr(arg, "base", arg)  # a tensor descriptor's tensor
+                if hasattr(tensor, "untyped_storage"):
+                    storage = tensor.untyped_storage()
+                    strict._ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+            return args_hst, kwargs_hst
+
+        def masked_load(builder_self, ptrs, mask, other, cache_policy, is_volatile):
+            strict._check_bounds(ptrs, mask, "load")
+            dtype_np = interpreter._get_np_dtype(ptrs.get_element_ty())
+            if other is None and np.issubdtype(dtype_np, np.floating):
+                other = interpreter.TensorHandle(np.full_like(ptrs.data, np.nan, dtype=dtype_np), ptrs.get_element_ty())
+            return load(builder_self, ptrs, mask, other, cache_policy, is_volatile)
+
+        def masked_store(builder_self, ptrs, value, mask, cache_policy):
+            strict._check_bounds(ptrs, mask, "store")
+            return store(builder_self, ptrs, value, mask, cache_policy)
+
+        def strict_dot(builder_self, a, b, d, input_precision, max_num_imprecise_acc):
+            precision = getattr(input_precision, "name", str(input_precision)).lower()
+            strict.precisions.append(precision)
+            if precision == "tf32" and a.dtype == interpreter.tl.float32 and b.dtype == interpreter.tl.float32:
+                a = interpreter.TensorHandle(interpreter._round_f32_to_tf32(a.data), a.dtype)
+                b = interpreter.TensorHandle(interpreter._round_f32_to_tf32(b.data), b.dtype)
+            return dot(builder_self, a, b, d, input_precision, max_num_imprecise_acc)
+
+        builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
+        builder.create_dot, executor._init_args_hst = strict_dot, init_args_hst
+        return self
+
+    def __exit__(self, *exc):
+        for (owner, name), original in self._saved.items():
+            setattr(owner, name, original)
+        return False
+
+    def _check_bounds(self, ptrs, mask, what: str) -> None:
+        if not self._ranges:
+            return  # pointers into nothing the launch was given: not ours to judge
+        addresses = ptrs.data.astype(np.uint64)
+        active = np.broadcast_to(mask.data, addresses.shape) if mask is not None else np.ones(addresses.shape, bool)
+        itemsize = np.uint64(interpreter_itemsize(ptrs))
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for low, high in self._ranges:
+            inside |= (addresses >= np.uint64(low)) & (addresses + itemsize <= np.uint64(high))
+        outside = active & ~inside
+        if outside.any():
+            raise IndexError(f"out-of-bounds {what}: {int(outside.sum())} unmasked lane(s) address memory outside "
+                             "every tensor the kernel was given (Triton's interpreter would have read or written it)")
+
+
+def interpreter_itemsize(ptrs) -> int:
+    from triton.runtime import interpreter
+
+    return np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
+
+
 # --- the Prepared and the backend -------------------------------------------------------------------
 class _TritonPrepared:
     def __init__(self, mode: str, launch, shape: tuple[int, int]):
@@ -132,13 +226,18 @@ class _TritonPrepared:
         self.launch = launch
         self.shape = shape
         self.output = None
+        self.precisions: list[str] = []  # interpreted: each tl.dot's input_precision, in order
 
     def run(self) -> None:
+        if self.mode == "interpreted":
+            with StrictInterpreter() as strict:
+                self.output = self.launch()
+            self.precisions = strict.precisions
+            return
         self.output = self.launch()
-        if self.mode == "native":
-            import torch
+        import torch
 
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
 
     def result(self) -> np.ndarray:
         if self.output is None:
