@@ -8,6 +8,8 @@ source text, so an edited kernel is recompiled.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import harness
@@ -96,3 +98,56 @@ def test_cuda_info_command(capsys):
         for name in cuda.kernel_names(source_path(source).read_text()):
             assert name in out
     assert "regs/thread" in out and "smem/block" in out
+
+
+# Static shared memory per block, as each file's header states it: a lost padding row or a
+# dropped stage (a performance bug, invisible to any check of the results) changes it.
+STATIC_SHARED_BYTES = {
+    "naive_f32": 0,
+    "tiled_f32": 2 * 16 * 16 * 4,                                   # As, Bs: 16 x 16 floats
+    "register_tiled_2x2_f32": (32 * 16 + 16 * 32) * 4,              # As [32][16], Bs [16][32]
+    "register_tiled_f32": 2 * (8 * (128 + 4) + 8 * 128) * 4,        # double-buffered, A rows padded by 4
+    "wmma_bf16": 2 * (128 * (32 + 8) + 32 * (128 + 8)) * 2 + 4 * 16 * 16 * 4,  # padded by 8 halves + staging
+    "wmma_f16": 2 * (128 * (32 + 8) + 32 * (128 + 8)) * 2 + 4 * 16 * 16 * 4,
+    "mma_bf16": 3 * (128 * 32 + 32 * 128) * 2,                      # 3 stages, swizzled (no padding)
+    "mma_f16": 3 * (128 * 32 + 32 * 128) * 2,
+    "wgmma_bf16": 0,                                                # its ring is dynamic shared memory
+    "wgmma_f16": 0,
+    "gemv_bf16": 0,
+    "gemv_f32": 0,
+}
+
+
+@pytest.mark.parametrize("source, arch", [(s, a) for s in cuda.CUDA_SOURCES for a in cuda.archs_for(s)])
+def test_static_shared_memory_is_what_each_header_states(source, arch):
+    kernels, log = cuda.compile_with_ptxas(source, arch)
+    for k in kernels:
+        assert k.kernel in STATIC_SHARED_BYTES, f"{k.kernel}: add its shared memory to STATIC_SHARED_BYTES"
+        assert k.shared_bytes == STATIC_SHARED_BYTES[k.kernel], (
+            f"{k.kernel} on {arch} uses {k.shared_bytes} B of static shared memory, its header says "
+            f"{STATIC_SHARED_BYTES[k.kernel]}\n{log}")
+
+
+def _sass_or_skip(source: str, arch: str) -> dict:
+    from harness import sass
+
+    if sass.unavailable_reason() is not None:
+        pytest.skip(str(sass.unavailable_reason()))
+    return sass.cuda_sass(source, arch)
+
+
+@pytest.mark.parametrize("kernel", ["mma_bf16", "mma_f16"])
+def test_mma_keeps_one_tile_in_flight_while_it_computes(kernel):
+    """cp.async.wait_group STAGES - 2 = 1 in the loop: SASS DEPBAR.LE SB0, 0x1. Draining the ring
+    (wait_group 0) computes the same and loses the overlap the 3 stages are for."""
+    instructions = _sass_or_skip("cuda/mma.cu", "sm_90")[kernel]
+    assert any(re.search(r"\bDEPBAR\.LE\s+SB0,\s*0x1\b", i) for i in instructions), \
+        [i for i in instructions if "DEPBAR" in i]
+
+
+@pytest.mark.parametrize("kernel", ["wgmma_bf16", "wgmma_f16"])
+def test_wgmma_keeps_one_group_in_flight_while_it_issues_the_next(kernel):
+    """wgmma.wait_group 1 in the K loop: SASS WARPGROUP.DEPBAR.LE gsb0, 0x1."""
+    instructions = _sass_or_skip("cuda/wgmma.cu", "sm_90a")[kernel]
+    assert any(re.search(r"\bWARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x1\b", i) for i in instructions), \
+        [i for i in instructions if "DEPBAR" in i]
