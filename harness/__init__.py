@@ -13,7 +13,7 @@ from .checking import check, reference, tolerance
 from .compare import Results, Row, compare
 from .core import BrokenError, Implementation, Matmul, MatmulInputError, UnavailableError
 from .inputs import Shape, make_inputs, parse_shape
-from .registry import REGISTRY, implementations, lookup
+from .registry import REGISTRY, implementations, lookup, register
 
 
 def get(name: str, **options) -> Matmul:
@@ -24,5 +24,5 @@ def get(name: str, **options) -> Matmul:
 __all__ = [
     "REGISTRY", "BrokenError", "Implementation", "Matmul", "MatmulInputError", "Results", "Row", "Shape",
     "UnavailableError", "check", "compare", "get", "implementations", "make_inputs",
-    "parse_shape", "reference", "tolerance",
+    "parse_shape", "reference", "register", "tolerance",
 ]

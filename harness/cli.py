@@ -74,6 +74,10 @@ def implementation_table(markdown: bool = False) -> str:
         if reason is None:
             mode = run_mode(impl)
             available = "yes" if mode == "native" else f"yes, {mode} on the CPU (checked, not timed)"
+            from .compare import describe
+
+            detail = describe(impl)
+            available += f": {detail}" if detail else ""
         else:
             available = f"no: {reason}"
         table.add_row(impl.name, impl.language, impl.device, impl.operation, ", ".join(impl.dtypes),

@@ -168,6 +168,9 @@ class Results:
         for row in self.ran():
             if not row.passed:
                 notes.append(f"{row.implementation} {row.shape} {row.dtype}: {row.status}")
+        for name, text in self.machine.get("implementations", {}).items():
+            if any(row.implementation == name for row in self.ran()):
+                notes.append(f"{name}: {text}")
         for note in notes:
             out.append(textwrap.fill(note, width, subsequent_indent="  "))
         missing = self.not_run()
@@ -374,11 +377,26 @@ def blas_limits(threads: int | None):
 
 
 def _with_baselines(chosen: list, include_baselines: bool) -> list:
+    """``chosen`` plus, for each device among them, its baseline and the peers installed here
+    (the libraries a user would pick instead: BLIS, torch's CPU matmul)."""
     if not include_baselines:
         return chosen
     devices = {impl.device for impl in chosen}
-    extra = [impl for impl in REGISTRY.values() if impl.baseline and impl.device in devices and impl not in chosen]
+    extra = [impl for impl in REGISTRY.values()
+             if impl.device in devices and impl not in chosen and (impl.baseline or (impl.peer and impl.available))]
     return chosen + extra
+
+
+def describe(impl) -> str | None:
+    """What the implementation runs on this machine when that varies (a peer library's version
+    and kernel set), or None."""
+    describer = getattr(impl.backend, "describe", None)
+    if describer is None or not impl.available:
+        return None
+    try:
+        return describer(impl)
+    except Exception as error:  # a description is a courtesy: never a reason for a row to fail
+        return f"({type(error).__name__}: {error})"
 
 
 def compare(
@@ -437,6 +455,8 @@ def compare(
     _fill_speedups(rows)
     settings = {"threads": threads, "min_time_s": min_time, "seed": seed, "shape_order": "MxNxK"}
     info = machine.machine_info()
+    described = {impl.name: describe(impl) for impl in chosen}
+    info["implementations"] = {name: text for name, text in described.items() if text}
     if any(row.device == "gpu" and row.timed for row in rows):
         info["gpu"] = _gpu_info()
     return Results(rows, info, settings)

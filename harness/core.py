@@ -66,7 +66,7 @@ class Backend(Protocol):
     # ``Matmul.__call__`` uses when it exists: the per-call work alone (no staging, no copy).
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Implementation:
     name: str                      # "<language>.<technique>", e.g. "c.blocked"
     language: str                  # python, c, numpy, cuda, triton, torch
@@ -82,6 +82,7 @@ class Implementation:
     requires: tuple[str, ...] = ()  # what it needs to run: "gpu", "pycuda", "triton", ...
     options: Mapping[str, Any] = field(default_factory=dict)  # default keyword options
     baseline: bool = False         # the library baseline for its device
+    peer: bool = False             # a library a user would pick instead: shown beside the baseline
     threaded: bool = False         # accepts a `threads` option
 
     def unavailable_reason(self) -> str | None:

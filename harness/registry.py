@@ -1,22 +1,29 @@
-"""The registry: every implementation, in reading order (simplest first)."""
+"""The registry: every implementation, in reading order (simplest first).
+
+Each backend module registers its own implementations with ``register`` when it is imported;
+the imports at the bottom of this file, in reading order, are the only list. A user's own
+implementation joins the same way: ``harness.register(harness.Implementation(...))``.
+"""
 from __future__ import annotations
 
 import fnmatch
 
-from .backends import c, cuda, numpy_blas, python_loops, torch_gpu, triton_kernels
 from .core import Implementation
 
-REGISTRY: dict[str, Implementation] = {
-    impl.name: impl
-    for impl in [
-        *python_loops.IMPLEMENTATIONS,
-        *c.IMPLEMENTATIONS,
-        *numpy_blas.IMPLEMENTATIONS,
-        *cuda.IMPLEMENTATIONS,
-        *torch_gpu.IMPLEMENTATIONS,
-        *triton_kernels.IMPLEMENTATIONS,
-    ]
-}
+REGISTRY: dict[str, Implementation] = {}
+
+
+def register(impl: Implementation, *, replace: bool = False) -> Implementation:
+    """Add ``impl`` to the registry (after those registered before it) and return it. A name
+    already taken is an error unless ``replace`` (a learner's edited copy of a kernel)."""
+    if not isinstance(impl, Implementation):
+        raise TypeError(f"register() takes an Implementation, got {type(impl).__name__}")
+    if "." not in impl.name:
+        raise ValueError(f"an implementation's name is '<language>.<technique>', got {impl.name!r}")
+    if impl.name in REGISTRY and not replace:
+        raise ValueError(f"an implementation named {impl.name!r} is already registered (pass replace=True to replace it)")
+    REGISTRY[impl.name] = impl
+    return impl
 
 
 def implementations(*patterns: str) -> list[Implementation]:
@@ -39,3 +46,7 @@ def lookup(name: str) -> Implementation:
         return REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown implementation {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+# Reading order: each module registers its implementations as it is imported.
+from .backends import python_loops, c, numpy_blas, peers, cuda, torch_gpu, triton_kernels  # noqa: E402, F401

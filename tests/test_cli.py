@@ -52,7 +52,11 @@ def test_compare_writes_table_json_csv_and_plot(tmp_path):
 def test_compare_api_rows_and_speedups():
     results = harness.compare([24], ["c.naive_ikj"], "float32", min_time=0.01)
     names = [r.implementation for r in results]
-    assert names == ["c.naive_ikj", "numpy.matmul"]  # the baseline is added
+    # the baseline is added, and the peers installed here (BLIS, torch's CPU matmul)
+    peers = [impl.name for impl in harness.implementations() if impl.peer and impl.device == "cpu" and impl.available]
+    assert names == ["c.naive_ikj", "numpy.matmul", *peers]
+    for peer in peers:
+        assert peer in results.machine["implementations"] and peer + ": " in str(results)  # which library ran
     row = results.row("c.naive_ikj", 24)
     assert row.passed and row.gflops > 0 and row.speedup > 0 and row.threads == 1
     assert results.row("numpy.matmul", 24).speedup == pytest.approx(1.0)

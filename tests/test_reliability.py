@@ -80,7 +80,8 @@ class _WriterBackend:
 
 def register_writer(monkeypatch, behaviour) -> str:
     name = "test.writer"
-    impl = Implementation(name, "python", "cpu", ("float32",), "writes into its inputs", _WriterBackend(behaviour))
+    impl = Implementation(name=name, language="python", device="cpu", dtypes=("float32",),
+                          summary="writes into its inputs", backend=_WriterBackend(behaviour))
     monkeypatch.setitem(harness.REGISTRY, name, impl)
     return name
 

@@ -1,1 +1,1 @@
-"""One adapter module per language. Each exports IMPLEMENTATIONS, in reading order."""
+"""One adapter module per language. Each registers its implementations (registry.register), in reading order."""

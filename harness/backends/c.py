@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import clib
 from ..core import BrokenError, Implementation, MatmulInputError, UnavailableError
+from ..registry import register
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 
@@ -311,26 +312,30 @@ class PackedBackend(CBackend):
             raise RuntimeError(f"c.packed failed (code {code}): {_PACKED_ERRORS.get(code, 'unknown error')}")
 
 
-IMPLEMENTATIONS = [
-    Implementation(
-        "c.naive_ijk", "c", "cpu", ("float32", "float64"),
-        "textbook triple loop in C: strided column walk, serial sum, no SIMD",
-        CBackend("naive_ijk", fastest_gflops=2.0), source="c/naive.c",
-    ),
-    Implementation(
-        "c.naive_ikj", "c", "cpu", ("float32", "float64"),
-        "i, p, j order in C: unit-stride inner loop the compiler vectorizes",
-        CBackend("naive_ikj", fastest_gflops=20.0), source="c/naive.c",
-    ),
-    Implementation(
-        "c.blocked", "c", "cpu", ("float32", "float64"),
-        "ikj run tile by tile so a tile of B is reused from cache",
-        CBackend("blocked", ("tile",), fastest_gflops=60.0), source="c/blocked.c", options={"tile": 64},
-    ),
-    Implementation(
-        "c.packed", "c", "cpu", ("float32", "float64"),
-        "Goto/BLIS: packed panels, cache blocks from the cache sizes, SIMD register-tile micro-kernel, threads",
-        PackedBackend(), source="c/packed.c", options={"threads": None, "variant": "auto", "path": "auto"},
-        threaded=True,
-    ),
-]
+register(Implementation(
+    name="c.naive_ijk", language="c", device="cpu", dtypes=("float32", "float64"),
+    summary="textbook triple loop in C: strided column walk, serial sum, no SIMD",
+    backend=CBackend("naive_ijk", fastest_gflops=2.0),
+    source="c/naive.c",
+))
+register(Implementation(
+    name="c.naive_ikj", language="c", device="cpu", dtypes=("float32", "float64"),
+    summary="i, p, j order in C: unit-stride inner loop the compiler vectorizes",
+    backend=CBackend("naive_ikj", fastest_gflops=20.0),
+    source="c/naive.c",
+))
+register(Implementation(
+    name="c.blocked", language="c", device="cpu", dtypes=("float32", "float64"),
+    summary="ikj run tile by tile so a tile of B is reused from cache",
+    backend=CBackend("blocked", ("tile",), fastest_gflops=60.0),
+    source="c/blocked.c",
+    options={"tile": 64},
+))
+register(Implementation(
+    name="c.packed", language="c", device="cpu", dtypes=("float32", "float64"),
+    summary="Goto/BLIS: packed panels, cache blocks from the cache sizes, SIMD register-tile micro-kernel, threads",
+    backend=PackedBackend(),
+    source="c/packed.c",
+    options={"threads": None, "variant": "auto", "path": "auto"},
+    threaded=True,
+))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core import Implementation
+from ..registry import register
 
 
 class _NumpyPrepared:
@@ -28,10 +29,9 @@ class NumpyBackend:
         return _NumpyPrepared(a, b)
 
 
-IMPLEMENTATIONS = [
-    Implementation(
-        "numpy.matmul", "numpy", "cpu", ("float32", "float64"),
-        "NumPy's matmul, i.e. its BLAS sgemm/dgemm (the CPU baseline)",
-        NumpyBackend(), baseline=True,
-    ),
-]
+register(Implementation(
+    name="numpy.matmul", language="numpy", device="cpu", dtypes=("float32", "float64"),
+    summary="NumPy's matmul, i.e. its BLAS sgemm/dgemm (the CPU baseline)",
+    backend=NumpyBackend(),
+    baseline=True,
+))

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import gpu
 from ..core import Implementation
+from ..registry import register
 from ..timing import Timing
 
 
@@ -64,10 +65,10 @@ class TorchCudaBackend:
         return gpu.peak_for(impl.operation, dtype)
 
 
-IMPLEMENTATIONS = [
-    Implementation(
-        "torch.cublas", "torch", "gpu", ("float32", "bfloat16", "float16"),
-        "torch.matmul on CUDA tensors, i.e. cuBLAS (the GPU baseline; TF32 off)",
-        TorchCudaBackend(), requires=("gpu", "torch"), baseline=True,
-    ),
-]
+register(Implementation(
+    name="torch.cublas", language="torch", device="gpu", dtypes=("float32", "bfloat16", "float16"),
+    summary="torch.matmul on CUDA tensors, i.e. cuBLAS (the GPU baseline; TF32 off)",
+    backend=TorchCudaBackend(),
+    requires=("gpu", "torch"),
+    baseline=True,
+))

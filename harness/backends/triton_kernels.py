@@ -33,6 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..core import Implementation
+from ..registry import register
 from ..inputs import BFLOAT16
 from ..sources import load_python_source
 from ..timing import Timing
@@ -310,24 +311,29 @@ class TritonBackend:
         return gpu.peak_for(impl.operation, dtype)
 
 
-IMPLEMENTATIONS = [
-    Implementation(
-        "triton.matmul", "triton", "gpu", ("float32", "float16", "bfloat16"),
-        "tl.dot on BLOCK_M x BLOCK_N tiles in grouped order (L2 reuse), FP32 accumulate, autotuned",
-        TritonBackend("matmul"), source="triton/matmul.py", requires=("gpu", "torch", "triton"),
-        options={"allow_tf32": False, "config": None},
-    ),
-    Implementation(
-        "triton.matmul_tma", "triton", "gpu", ("float16", "bfloat16"),
-        "persistent (one program per SM, grouped tile order), A, B and C moved by TMA via "
+register(Implementation(
+    name="triton.matmul", language="triton", device="gpu", dtypes=("float32", "float16", "bfloat16"),
+    summary="tl.dot on BLOCK_M x BLOCK_N tiles in grouped order (L2 reuse), FP32 accumulate, autotuned",
+    backend=TritonBackend("matmul"),
+    source="triton/matmul.py",
+    requires=("gpu", "torch", "triton"),
+    options={"allow_tf32": False, "config": None},
+))
+register(Implementation(
+    name="triton.matmul_tma", language="triton", device="gpu", dtypes=("float16", "bfloat16"),
+    summary="persistent (one program per SM, grouped tile order), A, B and C moved by TMA via "
         "tensor descriptors; sm_90+",
-        TritonBackend("matmul_tma", needs_tma=True), source="triton/matmul_tma.py",
-        requires=("gpu", "torch", "triton"), options={"config": None, "programs": None},
-    ),
-    Implementation(
-        "triton.gemv", "triton", "gpu", ("float32", "float16", "bfloat16"),
-        "y = W x streamed at HBM bandwidth: rows of W split across programs, FP32 accumulate",
-        TritonBackend("gemv", gemv=True), source="triton/gemv.py", operation="gemv",
-        requires=("gpu", "torch", "triton"), options={"config": None},
-    ),
-]
+    backend=TritonBackend("matmul_tma", needs_tma=True),
+    source="triton/matmul_tma.py",
+    requires=("gpu", "torch", "triton"),
+    options={"config": None, "programs": None},
+))
+register(Implementation(
+    name="triton.gemv", language="triton", device="gpu", dtypes=("float32", "float16", "bfloat16"),
+    summary="y = W x streamed at HBM bandwidth: rows of W split across programs, FP32 accumulate",
+    backend=TritonBackend("gemv", gemv=True),
+    source="triton/gemv.py",
+    operation="gemv",
+    requires=("gpu", "torch", "triton"),
+    options={"config": None},
+))

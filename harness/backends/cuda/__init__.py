@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ... import gpu
 from ...core import Implementation
+from ...registry import register
 from ...inputs import Shape, dtype_name
 from .emulation import (EMULATE_ENV, EmulatedLibrary, EmulatedPrepared, build_emulation, emulated_library,
                         emulation_requested, emulation_unavailable_reason, kernel_names)
@@ -30,7 +31,7 @@ from .toolkit import ARCHS, CUDA_SOURCES, NVCC_OPTIONS, SOURCE_ARCHS, archs_for,
 
 __all__ = [
     "ARCHS", "CUDA_SOURCES", "EMULATED_SMS", "EMULATE_ENV", "SOURCE_ARCHS", "TensorMapArg", "archs_for",
-    "encode_tensor_map", "pitched", "IMPLEMENTATIONS", "LOADERS", "LOADER_ENV", "NVCC_OPTIONS",
+    "encode_tensor_map", "pitched", "LOADERS", "LOADER_ENV", "NVCC_OPTIONS",
     "CudaBackend", "EmulatedLibrary", "KernelResources", "Launch", "active_loader", "build_emulation", "cdiv",
     "compile_cubin", "compile_with_ptxas", "cuda_root", "emulated_library", "emulation_requested",
     "emulation_unavailable_reason", "kernel_names", "native_function", "native_unavailable_reason", "nvcc",
@@ -99,49 +100,67 @@ _REQUIRES = ("gpu", "pycuda or cupy")
 # 4096^3 (137 GFLOP) they are refused unless allow_slow, so a GPU comparison stays short.
 _SLOW_KERNEL_MAX_FLOPS = 2 * 4096**3
 
-IMPLEMENTATIONS = [
-    Implementation(
-        "cuda.naive", "cuda", "gpu", ("float32",),
-        "one thread per output, A and B read from global memory",
-        CudaBackend("naive"), source="cuda/naive.cu", requires=_REQUIRES,
-        max_flops=_SLOW_KERNEL_MAX_FLOPS, slow_rate=1e12,
-    ),
-    Implementation(
-        "cuda.tiled", "cuda", "gpu", ("float32",),
-        "the chapter's 16x16 shared-memory tiles: each load reused 16 times",
-        CudaBackend("tiled"), source="cuda/tiled.cu", requires=_REQUIRES,
-        max_flops=_SLOW_KERNEL_MAX_FLOPS, slow_rate=2e12,
-    ),
-    Implementation(
-        "cuda.register_tiled_2x2", "cuda", "gpu", ("float32",),
-        "the chapter's exercise: 16x16 tiles, 2x2 outputs per thread",
-        CudaBackend("register_tiled_2x2"), source="cuda/register_tiled.cu", requires=_REQUIRES,
-        max_flops=_SLOW_KERNEL_MAX_FLOPS, slow_rate=4e12,
-    ),
-    Implementation(
-        "cuda.register_tiled", "cuda", "gpu", ("float32",),
-        "128x128 block tiles, 8x8 outputs per thread, float4 loads, double-buffered",
-        CudaBackend("register_tiled"), source="cuda/register_tiled.cu", requires=_REQUIRES,
-    ),
-    Implementation(
-        "cuda.wmma", "cuda", "gpu", ("bfloat16", "float16"),
-        "tensor cores via nvcuda::wmma, 128x128 tiles staged in shared memory, FP32 accumulate",
-        CudaBackend("wmma"), source="cuda/wmma.cu", requires=_REQUIRES,
-    ),
-    Implementation(
-        "cuda.mma", "cuda", "gpu", ("bfloat16", "float16"),
-        "tensor cores in PTX: cp.async 3-stage ring, swizzled shared tiles, ldmatrix, mma.sync m16n8k16",
-        CudaBackend("mma"), source="cuda/mma.cu", requires=_REQUIRES,
-    ),
-    Implementation(
-        "cuda.wgmma", "cuda", "gpu", ("bfloat16", "float16"),
-        "Hopper: TMA into a 4-stage mbarrier ring, wgmma m64n256k16 from swizzled shared memory, "
+register(Implementation(
+    name="cuda.naive", language="cuda", device="gpu", dtypes=("float32",),
+    summary="one thread per output, A and B read from global memory",
+    backend=CudaBackend("naive"),
+    source="cuda/naive.cu",
+    requires=_REQUIRES,
+    max_flops=_SLOW_KERNEL_MAX_FLOPS,
+    slow_rate=1e12,
+))
+register(Implementation(
+    name="cuda.tiled", language="cuda", device="gpu", dtypes=("float32",),
+    summary="the chapter's 16x16 shared-memory tiles: each load reused 16 times",
+    backend=CudaBackend("tiled"),
+    source="cuda/tiled.cu",
+    requires=_REQUIRES,
+    max_flops=_SLOW_KERNEL_MAX_FLOPS,
+    slow_rate=2e12,
+))
+register(Implementation(
+    name="cuda.register_tiled_2x2", language="cuda", device="gpu", dtypes=("float32",),
+    summary="the chapter's exercise: 16x16 tiles, 2x2 outputs per thread",
+    backend=CudaBackend("register_tiled_2x2"),
+    source="cuda/register_tiled.cu",
+    requires=_REQUIRES,
+    max_flops=_SLOW_KERNEL_MAX_FLOPS,
+    slow_rate=4e12,
+))
+register(Implementation(
+    name="cuda.register_tiled", language="cuda", device="gpu", dtypes=("float32",),
+    summary="128x128 block tiles, 8x8 outputs per thread, float4 loads, double-buffered",
+    backend=CudaBackend("register_tiled"),
+    source="cuda/register_tiled.cu",
+    requires=_REQUIRES,
+))
+register(Implementation(
+    name="cuda.wmma", language="cuda", device="gpu", dtypes=("bfloat16", "float16"),
+    summary="tensor cores via nvcuda::wmma, 128x128 tiles staged in shared memory, FP32 accumulate",
+    backend=CudaBackend("wmma"),
+    source="cuda/wmma.cu",
+    requires=_REQUIRES,
+))
+register(Implementation(
+    name="cuda.mma", language="cuda", device="gpu", dtypes=("bfloat16", "float16"),
+    summary="tensor cores in PTX: cp.async 3-stage ring, swizzled shared tiles, ldmatrix, mma.sync m16n8k16",
+    backend=CudaBackend("mma"),
+    source="cuda/mma.cu",
+    requires=_REQUIRES,
+))
+register(Implementation(
+    name="cuda.wgmma", language="cuda", device="gpu", dtypes=("bfloat16", "float16"),
+    summary="Hopper: TMA into a 4-stage mbarrier ring, wgmma m64n256k16 from swizzled shared memory, "
         "warp-specialized (setmaxnreg), persistent",
-        CudaBackend("wgmma", gpu_archs=("sm_90",)), source="cuda/wgmma.cu", requires=_REQUIRES,
-    ),
-    Implementation(
-        "cuda.gemv", "cuda", "gpu", ("bfloat16", "float32"),
-        "y = W x: a warp per row, 16-byte coalesced loads, shuffle reduction",
-        CudaBackend("gemv"), source="cuda/gemv.cu", operation="gemv", requires=_REQUIRES,
-    ),
-]
+    backend=CudaBackend("wgmma", gpu_archs=("sm_90",)),
+    source="cuda/wgmma.cu",
+    requires=_REQUIRES,
+))
+register(Implementation(
+    name="cuda.gemv", language="cuda", device="gpu", dtypes=("bfloat16", "float32"),
+    summary="y = W x: a warp per row, 16-byte coalesced loads, shuffle reduction",
+    backend=CudaBackend("gemv"),
+    source="cuda/gemv.cu",
+    operation="gemv",
+    requires=_REQUIRES,
+))

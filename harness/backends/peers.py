@@ -1,0 +1,177 @@
+"""The libraries a user would pick instead of writing a matmul, as rows of every CPU table.
+
+NumPy (its BLAS, usually OpenBLAS) is the CPU baseline; these stand beside it wherever they
+are installed, so a table says what each rung of the ladder is worth against what one would
+actually use:
+
+- ``blis.gemm``: BLIS through its CBLAS interface (``cblas_sgemm`` / ``cblas_dgemm``). The
+  system's BLIS (Debian and Ubuntu: ``libblis4-pthread``) is built with every kernel set and
+  picks the one for this CPU at run time (zen3, haswell, skx, ...). Where none is installed,
+  the ``blis`` package (cython-blis) stands in; its wheels carry fewer kernel sets, and on some
+  CPUs it runs BLIS's ``generic`` reference kernels, which no one would choose: the row's
+  description says which library and kernel set ran.
+- ``torch.cpu``: ``torch.matmul`` on CPU tensors (MKL or oneDNN in PyTorch's CPU builds).
+
+Both take a ``threads`` option (BLIS's and PyTorch's own thread counts).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from functools import lru_cache
+
+import numpy as np
+
+from ..core import Implementation
+from ..registry import register
+
+# CBLAS enums
+ROW_MAJOR, NO_TRANS = 101, 111
+# Where distributions put BLIS when it is not the system's default BLAS.
+SYSTEM_BLIS_NAMES = ("blis", "blis-pthread", "blis-openmp", "blis64")
+
+
+@lru_cache(maxsize=1)
+def system_blis():
+    """(library, path) of a system BLIS with CBLAS, or (None, why not)."""
+    for name in SYSTEM_BLIS_NAMES:
+        path = ctypes.util.find_library(name)
+        if not path:
+            continue
+        try:
+            library = ctypes.CDLL(path)
+            for symbol in ("cblas_sgemm", "cblas_dgemm", "bli_arch_query_id", "bli_arch_string"):
+                getattr(library, symbol)
+        except (OSError, AttributeError) as error:
+            return None, f"{path} is not a BLIS with CBLAS ({error})"
+        return library, path
+    return None, "no system BLIS (Debian/Ubuntu: apt install libblis4-pthread)"
+
+
+def _describe_library(library) -> str:
+    library.bli_arch_string.restype = ctypes.c_char_p
+    library.bli_arch_query_id.restype = ctypes.c_int
+    kernels = library.bli_arch_string(library.bli_arch_query_id()).decode()
+    version = ""
+    if hasattr(library, "bli_info_get_version_str"):
+        library.bli_info_get_version_str.restype = ctypes.c_char_p
+        version = " " + library.bli_info_get_version_str().decode()
+    return f"BLIS{version}, {kernels} kernels"
+
+
+@lru_cache(maxsize=1)
+def blis_description() -> str | None:
+    """Which BLIS ``blis.gemm`` runs and its kernel set, e.g. "system BLIS 0.9.0, zen3 kernels
+    (libblis.so.4)"; None where there is none."""
+    library, where = system_blis()
+    if library is not None:
+        return f"system {_describe_library(library)} ({where})"
+    try:
+        import blis
+        import blis.cy
+    except ImportError:
+        return None
+    text = f"the blis package {getattr(blis, '__version__', '')}".rstrip() + ", " + _describe_library(ctypes.CDLL(blis.cy.__file__))
+    if "generic kernels" in text:
+        text += ": BLIS's reference C, not what a BLIS built for this CPU runs"
+    return text
+
+
+class _BlisPrepared:
+    mode = "native"
+
+    def __init__(self, a, b, threads):
+        self.a, self.b = a, b
+        self.c = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+        library, _ = system_blis()
+        if library is not None:
+            if threads is not None:
+                library.bli_thread_set_num_threads(ctypes.c_int64(threads))
+            gemm = library.cblas_sgemm if a.dtype == np.float32 else library.cblas_dgemm
+            scalar = ctypes.c_float if a.dtype == np.float32 else ctypes.c_double
+            m, k = a.shape
+            n = b.shape[1]
+            pointers = [x.ctypes.data_as(ctypes.c_void_p) for x in (self.a, self.b, self.c)]
+            arguments = (ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, scalar(1.0), pointers[0], k, pointers[1], n,
+                         scalar(0.0), pointers[2], n)
+            self.run = lambda: gemm(*arguments)  # ctypes releases the GIL for the call
+        else:
+            import blis.py
+
+            self.run = lambda: blis.py.gemm(self.a, self.b, out=self.c)
+
+    def run(self) -> None:  # replaced per instance above
+        raise NotImplementedError
+
+    def result(self) -> np.ndarray:
+        return self.c.copy()
+
+
+class BlisBackend:
+    def unavailable_reason(self, impl):
+        if blis_description() is None:
+            return f"{system_blis()[1]}, and the blis package is not installed"
+        return None
+
+    def describe(self, impl) -> str | None:
+        return blis_description()
+
+    def prepare(self, impl, a, b, options):
+        if 0 in a.shape or 0 in b.shape:  # BLAS leaves an empty sum's C unwritten
+            prepared = _BlisPrepared.__new__(_BlisPrepared)
+            prepared.c = np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)
+            prepared.run = lambda: None
+            return prepared
+        return _BlisPrepared(a, b, options.get("threads"))
+
+
+class _TorchPrepared:
+    mode = "native"
+
+    def __init__(self, a, b, threads):
+        import torch
+
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+        # Copies, made here and not timed: torch would warn about the read-only views the
+        # harness hands out, and must never write into the caller's arrays anyway.
+        self.a, self.b = torch.tensor(a), torch.tensor(b)
+        self.c = torch.empty((a.shape[0], b.shape[1]), dtype=self.a.dtype)
+        self.matmul = torch.matmul
+
+    def run(self) -> None:
+        self.matmul(self.a, self.b, out=self.c)
+
+    def result(self) -> np.ndarray:
+        return self.c.numpy().copy()
+
+
+class TorchCpuBackend:
+    def unavailable_reason(self, impl):
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return "PyTorch is not installed"
+        return None
+
+    def describe(self, impl) -> str | None:
+        import torch
+
+        backends = [name for name, on in (("MKL", torch.backends.mkl.is_available()),
+                                          ("oneDNN", torch.backends.mkldnn.is_available())) if on]
+        return f"PyTorch {torch.__version__} on the CPU" + (f" ({', '.join(backends)})" if backends else "")
+
+    def prepare(self, impl, a, b, options):
+        return _TorchPrepared(a, b, options.get("threads"))
+
+
+register(Implementation(
+    name="blis.gemm", language="blis", device="cpu", dtypes=("float32", "float64"),
+    summary="BLIS's sgemm/dgemm through CBLAS, with the kernel set BLIS picks for this CPU (a peer)",
+    backend=BlisBackend(), options={"threads": None}, threaded=True, peer=True,
+))
+register(Implementation(
+    name="torch.cpu", language="torch", device="cpu", dtypes=("float32", "float64"),
+    summary="torch.matmul on CPU tensors: MKL or oneDNN (a peer)",
+    backend=TorchCpuBackend(), options={"threads": None}, threaded=True, peer=True,
+))
