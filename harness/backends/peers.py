@@ -116,6 +116,30 @@ class BlisBackend:
     def describe(self, impl) -> str | None:
         return blis_description()
 
+    def bind(self, impl, options):
+        """The direct call (Matmul.__call__): as little around cblas_?gemm as NumPy puts
+        around its own, so that the two are compared call for call."""
+        library, _ = system_blis()
+        threads = options.get("threads")
+        if library is None:
+            import blis.py
+
+            return lambda a, b: blis.py.gemm(a, b)
+        if threads is not None:
+            library.bli_thread_set_num_threads(ctypes.c_int64(threads))
+        gemms = {np.dtype(np.float32): (library.cblas_sgemm, ctypes.c_float),
+                 np.dtype(np.float64): (library.cblas_dgemm, ctypes.c_double)}
+
+        def call(a, b):
+            gemm, scalar = gemms[a.dtype]
+            (m, k), n = a.shape, b.shape[1]
+            c = np.empty((m, n), dtype=a.dtype)
+            gemm(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, scalar(1.0), ctypes.c_void_p(a.ctypes.data), k,
+                 ctypes.c_void_p(b.ctypes.data), n, scalar(0.0), ctypes.c_void_p(c.ctypes.data), n)
+            return c
+
+        return call
+
     def prepare(self, impl, a, b, options):
         if 0 in a.shape or 0 in b.shape:  # BLAS leaves an empty sum's C unwritten
             prepared = _BlisPrepared.__new__(_BlisPrepared)
@@ -160,6 +184,20 @@ class TorchCpuBackend:
         backends = [name for name, on in (("MKL", torch.backends.mkl.is_available()),
                                           ("oneDNN", torch.backends.mkldnn.is_available())) if on]
         return f"PyTorch {torch.__version__} on the CPU" + (f" ({', '.join(backends)})" if backends else "")
+
+    def bind(self, impl, options):
+        """The direct call: the arrays shared with torch (copied only when read-only, which
+        torch's tensors cannot be), the product handed back as NumPy's."""
+        import torch
+
+        threads = options.get("threads")
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+
+        def tensor(x):
+            return torch.from_numpy(x) if x.flags.writeable else torch.tensor(x)
+
+        return lambda a, b: torch.matmul(tensor(a), tensor(b)).numpy()
 
     def prepare(self, impl, a, b, options):
         return _TorchPrepared(a, b, options.get("threads"))

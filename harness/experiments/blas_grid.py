@@ -2,8 +2,10 @@
 
 ``python -m harness blas-grid`` times ``harness.get("c.packed", threads=t)(a, b)`` (the
 public call: validation, allocation and all), NumPy's ``a @ b`` (OpenBLAS, pinned to t
-threads) and BLIS's own gemm on every shape of the grid below, float32 and float64, on 1 and
-2 threads, and prints c.packed's speed as a ratio to each (above 1 = c.packed is faster).
+threads) and the peers registered beside it, BLIS (``blis.gemm``) and torch's CPU matmul
+(``torch.cpu``), through the same kind of call, on every shape of the grid below, float32 and
+float64, on 1 and 2 threads, and prints c.packed's speed as a ratio to each (above 1 =
+c.packed is faster).
 
 How it is timed: the three calls of one case are interleaved, round after round (each round
 times each call for at least ``--sample-time`` seconds, in batches for the fast ones). Each
@@ -15,13 +17,12 @@ over the rounds, and the plot draws it. On more than one thread each sample star
 do not take a core from the library being timed. Every c.packed product is checked against the float64 reference
 first; a wrong one is reported and not timed.
 
-BLIS comes from the ``blis`` package (cython-blis); which of BLIS's kernel sets it chose for
-this CPU (``bli_arch_string``) is recorded, because on some CPUs it runs generic reference
-code. It runs one thread whatever is asked, so its 2-thread column is still one thread.
+Which BLIS ran, and its kernel set, is recorded (backends/peers.py): the system's BLIS built
+for this CPU where one is installed, else the ``blis`` package, which on some CPUs runs generic
+reference code (and one thread whatever is asked).
 """
 from __future__ import annotations
 
-import ctypes
 import statistics
 import sys
 import time
@@ -38,7 +39,7 @@ from ..inputs import Shape, make_inputs, parse_shape
 from ..registry import lookup
 
 NAME = "blas-grid"
-TITLE = "c.packed against NumPy's BLAS and BLIS on the whole shape grid, 1 and 2 threads"
+TITLE = "c.packed against NumPy's BLAS, BLIS and torch on the whole shape grid, 1 and 2 threads"
 DURATION = "about 8 minutes for the whole grid"  # on a 2-core machine, said before it starts
 
 # The grid: squares, a ragged cube, GEMV (M = 1), matrix-vector (N = 1), small M, small K.
@@ -67,25 +68,15 @@ def add_arguments(parser) -> None:
                         help="seconds each call is timed for in one round (default 0.05)")
 
 
+# The peers c.packed is compared with besides NumPy: column key -> registered implementation.
+PEERS = {"blis": "blis.gemm", "torch": "torch.cpu"}
+
+
 def blis_kernel() -> str | None:
-    """The kernel set BLIS chose for this CPU (haswell, skx, zen3, generic...), or None
-    without the blis package."""
-    try:
-        import blis.cy
-    except ImportError:
-        return None
-    library = ctypes.CDLL(blis.cy.__file__)
-    library.bli_arch_string.restype = ctypes.c_char_p
-    library.bli_arch_query_id.restype = ctypes.c_int
-    return library.bli_arch_string(library.bli_arch_query_id()).decode()
+    """Which BLIS runs and its kernel set (haswell, skx, zen3, generic...), or None without one."""
+    from ..backends.peers import blis_description
 
-
-def _blis_call(a: np.ndarray, b: np.ndarray):
-    try:
-        import blis.py
-    except ImportError:
-        return None
-    return lambda: blis.py.gemm(a, b)
+    return blis_description()
 
 
 # OpenBLAS's idle workers spin for about 2**28 cycles (0.1 s) after a call before they sleep,
@@ -116,9 +107,11 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
     if not outcome.passed:
         return {**entry, "skipped": f"c.packed FAILED its check: {outcome.message}"}
     calls = {"c.packed": lambda: packed(a, b), "numpy": lambda: a @ b}
-    blis_call = _blis_call(a, b)
-    if blis_call:
-        calls["blis"] = blis_call
+    for key, name in PEERS.items():
+        peer = lookup(name)
+        if peer.available:
+            call = Matmul(peer, threads=threads)
+            calls[key] = lambda call=call: call(a, b)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     with blas_limits(threads):
         for _ in range(rounds):
@@ -127,7 +120,7 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
     seconds = {name: statistics.median(values) for name, values in samples.items()}
     gflops = {name: shape.flops / s / 1e9 for name, s in seconds.items()}
     row = {**entry, "seconds": seconds, "gflops": gflops}
-    for other, key in (("numpy", "vs_numpy"), ("blis", "vs_blis")):
+    for other, key in (("numpy", "vs_numpy"), *((peer, f"vs_{peer}") for peer in PEERS)):
         if other not in samples:
             row[key], row[key + "_range"] = None, None
             continue
@@ -146,11 +139,13 @@ def verdict(rows: list[dict]) -> dict:
         return {}
     ratios = [r["vs_numpy"] for r in grid]
     blis = [r["vs_blis"] for r in grid if r["vs_blis"] is not None]
+    torch = [r["vs_torch"] for r in grid if r.get("vs_torch") is not None]
     worst = min(grid, key=lambda r: r["vs_numpy"])
     result = {
         "min_vs_numpy": min(ratios), "worst_case": f"{worst['shape']} {worst['dtype']} {worst['threads']}t",
         "median_vs_numpy": statistics.median(ratios),
         "min_vs_blis": min(blis) if blis else None,
+        "min_vs_torch": min(torch) if torch else None,
         "below_min": [f"{r['shape']} {r['dtype']} {r['threads']}t: {r['vs_numpy']:.2f}" for r in grid if r["vs_numpy"] < TARGET_MIN],
     }
     result["small_vs_numpy"] = min((r["vs_numpy"] for r in small), default=None)
@@ -195,20 +190,20 @@ def run(out_dir, shapes: Sequence[str] = SHAPES, threads: Sequence[int] = (1, 2)
 def _row_line(row: dict) -> str:
     if "skipped" in row:
         return f"{row['shape']:>16} {row['dtype']} {row['threads']}t: {row['skipped']}"
-    blis = f"{row['vs_blis']:5.2f}x BLIS" if row["vs_blis"] is not None else ""
+    peers = "".join(f" {row[f'vs_{p}']:5.2f}x {p}" for p in PEERS if row.get(f"vs_{p}") is not None)
     return (f"{row['shape']:>16} {row['dtype']} {row['threads']}t: {row['gflops']['c.packed']:7.1f} GFLOP/s, "
-            f"{row['vs_numpy']:5.2f}x NumPy {blis}")
+            f"{row['vs_numpy']:5.2f}x NumPy{peers}")
 
 
 def table(data: dict) -> str:
-    """Ratios c.packed / NumPy (and / BLIS), one row per shape, one column per dtype and
-    thread count; fits 80 columns."""
+    """Ratios c.packed / NumPy (and / BLIS / torch), one row per shape, one column per dtype
+    and thread count; fits 80 columns."""
     rows = data["rows"]
     columns = sorted({(r["dtype"], r["threads"]) for r in rows}, key=lambda c: (c[0], c[1]))
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     by_key = {(r["shape"], r["dtype"], r["threads"]): r for r in rows}
     heads = [f"{'f32' if d == 'float32' else 'f64'} {t}t" for d, t in columns]
-    lines = ["c.packed speed / NumPy's (/ BLIS's); above 1 = c.packed faster",
+    lines = ["c.packed speed / NumPy's (/ BLIS's / torch's); above 1 = c.packed faster",
              f"{'shape (MxNxK)':<16}" + "".join(f"{h:>15}" for h in heads)]
     for shape in shapes:
         cells = []
@@ -219,8 +214,8 @@ def table(data: dict) -> str:
             elif "skipped" in r:
                 cells.append("FAILED")
             else:
-                blis = f"/{r['vs_blis']:.2f}" if r["vs_blis"] is not None else ""
-                cells.append(f"{r['vs_numpy']:.2f}{blis}")
+                peers = "".join(f"/{r[f'vs_{p}']:.2f}" for p in PEERS if r.get(f"vs_{p}") is not None)
+                cells.append(f"{r['vs_numpy']:.2f}{peers}")
         lines.append(f"{shape:<16}" + "".join(f"{c:>15}" for c in cells))
     return "\n".join(lines)
 
@@ -234,7 +229,9 @@ def summarize(data: dict) -> str:
             f"{v['median_vs_numpy']:.2f}x (target {TARGET_MEDIAN}); least against BLIS "
             + (f"{v['min_vs_blis']:.2f}x" if v["min_vs_blis"] is not None else "not measured")
             + (f"; 64^3 {v['small_vs_numpy']:.2f}x (target {TARGET_SMALL})" if v.get("small_vs_numpy") else "")
-            + f". BLIS kernel set: {data['blis_kernel'] or 'BLIS not installed'}."
+            + "; least against torch "
+            + (f"{v['min_vs_torch']:.2f}x" if v.get("min_vs_torch") is not None else "not measured")
+            + f". BLIS: {data['blis_kernel'] or 'not installed'}."
         )
     return "\n".join(text)
 
@@ -246,7 +243,8 @@ def findings(data: dict) -> list[str]:
         return ["nothing measured"]
     lines = [f"worst {v['min_vs_numpy']:.2f}x NumPy ({v['worst_case']}), median {v['median_vs_numpy']:.2f}x; "
              f"least against BLIS ({data['blis_kernel'] or 'not installed'}): "
-             + (f"{v['min_vs_blis']:.2f}x" if v["min_vs_blis"] is not None else "not measured")]
+             + (f"{v['min_vs_blis']:.2f}x" if v["min_vs_blis"] is not None else "not measured")
+             + ", against torch: " + (f"{v['min_vs_torch']:.2f}x" if v.get("min_vs_torch") is not None else "not measured")]
     if v.get("small_vs_numpy") is not None:
         lines.append(f"64^3 through the public call: {v['small_vs_numpy']:.2f}x NumPy")
     if v["below_min"]:
