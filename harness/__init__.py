@@ -13,6 +13,7 @@ from .checking import check, reference, tolerance
 from .compare import Results, Row, compare
 from .core import BrokenError, Implementation, Matmul, MatmulInputError, UnavailableError
 from .inputs import Shape, make_inputs, parse_shape
+from .external import add_external
 from .registry import REGISTRY, implementations, lookup, register
 
 
@@ -22,7 +23,7 @@ def get(name: str, **options) -> Matmul:
 
 
 __all__ = [
-    "REGISTRY", "BrokenError", "Implementation", "Matmul", "MatmulInputError", "Results", "Row", "Shape",
+    "REGISTRY", "BrokenError", "add_external", "Implementation", "Matmul", "MatmulInputError", "Results", "Row", "Shape",
     "UnavailableError", "check", "compare", "get", "implementations", "make_inputs",
     "parse_shape", "reference", "register", "tolerance",
 ]

@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     comparing.add_argument("--shapes", nargs="+", type=shape_argument, default=[parse_shape(256)], metavar="SHAPE",
                            help="N or MxNxK (default 256)")
     comparing.add_argument("--impls", nargs="+", default=None, metavar="PATTERN",
-                           help="names or glob patterns, e.g. 'c.*' numpy (default: all)")
+                           help="names or glob patterns, e.g. 'c.*' numpy (default: all); your own as "
+                                "FILE:FUNCTION, e.g. mine.py:matmul or mine.c:my_matmul")
     comparing.add_argument("--dtype", "--dtypes", dest="dtypes", nargs="+", default=["float32"],
                            choices=["float32", "float64", "float16", "bfloat16"])
     comparing.add_argument("--threads", type=int, default=1, help="BLAS and kernel threads (default 1; 0 = library default)")
@@ -232,7 +233,12 @@ def _dispatch(parser, command_parsers, args) -> int:
         return 0
 
     from .compare import compare
+    from .external import ExternalError, add_external, is_external
 
+    try:  # your own implementations, FILE:FUNCTION, join the registry under their names
+        args.impls = [add_external(spec) if is_external(spec) else spec for spec in args.impls or []] or None
+    except ExternalError as error:
+        parser.error(str(error))
     try:
         registry.implementations(*(args.impls or []))
     except KeyError as error:

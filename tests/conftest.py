@@ -17,6 +17,11 @@ def pytest_addoption(parser):
         f"(env MATMUL_BENCH_SHAPES; default '{DEFAULT_BENCH_SHAPES}'; pure Python only runs the small ones)",
     )
     group.addoption(
+        "--matmul-impls", default=None,
+        help="your own implementations to benchmark beside ours, FILE:FUNCTION separated by spaces "
+        "(env MATMUL_BENCH_IMPLS; e.g. 'mine.py:matmul mine.c:my_matmul', see harness/external.py)",
+    )
+    group.addoption(
         "--matmul-dtypes", default=None,
         help=f"benchmark dtypes (env MATMUL_BENCH_DTYPES; default '{DEFAULT_BENCH_DTYPES}')",
     )
@@ -34,6 +39,16 @@ def pytest_configure(config):
     # (the summary after them has GFLOP/s); --benchmark-columns still chooses.
     if hasattr(config.option, "benchmark_columns") and not config.option.benchmark_columns:
         config.option.benchmark_columns = ["min", "median", "iqr", "rounds"]
+    # Your own implementations join the registry before the suite is parametrized over it.
+    external = config.getoption("--matmul-impls", default=None) or os.environ.get("MATMUL_BENCH_IMPLS")
+    if external:
+        from harness.external import ExternalError, add_external
+
+        for spec in _split(external):
+            try:
+                add_external(spec)
+            except ExternalError as error:
+                raise pytest.UsageError(f"--matmul-impls: {error}") from None
 
 
 REQUIRE_GPU_ENV = "MATMUL_REQUIRE_GPU"
