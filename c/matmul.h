@@ -24,6 +24,11 @@ void matmul_naive_ikj_f64(const double *A, const double *B, double *C, int64_t M
 int matmul_blocked_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K, int64_t tile);
 int matmul_blocked_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K, int64_t tile);
 
+/* goto.c: the five-loop Goto/BLIS algorithm with packing and one portable micro-kernel.
+ * Returns 0, or -1 if its pack buffers cannot be allocated. */
+int matmul_goto_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K);
+int matmul_goto_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K);
+
 /* packed.c: the Goto/BLIS packed SIMD matmul. threads <= 0 uses every online core; variant
  * 0 = auto (the best this CPU supports), 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512. Returns 0
  * on success, 1 for a variant this CPU or build cannot run, 2 if the pack buffers cannot be

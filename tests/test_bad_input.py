@@ -11,7 +11,7 @@ import harness
 from harness import MatmulInputError
 from harness.inputs import parse_shape
 
-CPU_GEMMS = ["python.ijk", "python.ikj", "python.outer", "c.naive_ijk", "c.naive_ikj", "c.blocked", "numpy.matmul"]
+CPU_GEMMS = ["python.ijk", "python.ikj", "python.outer", "c.naive_ijk", "c.naive_ikj", "c.blocked", "c.goto", "numpy.matmul"]
 
 
 @pytest.mark.parametrize("name", CPU_GEMMS)

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 import harness
 from harness.inputs import Shape
 
-C_KERNELS = ["c.naive_ijk", "c.naive_ikj", "c.blocked"]
+C_KERNELS = ["c.naive_ijk", "c.naive_ikj", "c.blocked", "c.goto"]
+# The kernels compiled without FMA contraction, whose sum over p runs in one order (c/naive.c)
+IN_SOURCE_ORDER = ["c.naive_ijk", "c.naive_ikj", "c.blocked"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -72,7 +74,7 @@ SOURCE_ORDER_SHAPES = [Shape(70, 90, 110), Shape(3, 200, 37)] + [Shape(5, n, 23)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("name", C_KERNELS)
+@pytest.mark.parametrize("name", IN_SOURCE_ORDER)
 def test_the_teaching_kernels_do_exactly_the_arithmetic_their_source_shows(name, dtype):
     # They are compiled without FMA contraction (CMakeLists.txt), so their bits are fixed by
     # the source, not by the instruction set the compiler targeted: on every CPU they equal
@@ -89,3 +91,13 @@ def test_blocked_gives_the_same_bits_for_every_tile():
     first = harness.get("c.blocked", tile=16)(a, b)
     for tile in (1, 8, 32, 200):
         np.testing.assert_array_equal(harness.get("c.blocked", tile=tile)(a, b), first)
+
+
+# c.goto's blocks: K past KC (256) is summed in pieces, M past MC (128) and N past NC (4096) in
+# panels; every edge of a 4 x NR register tile comes up in the sizes below.
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [Shape(129, 4100, 257), Shape(5, 17, 513), Shape(257, 33, 1), Shape(1, 1, 600)], ids=str)
+def test_goto_past_every_block(shape, dtype):
+    a, b = harness.make_inputs(shape, dtype)
+    outcome = harness.check(harness.get("c.goto")(a, b), a, b)
+    assert outcome.passed, outcome.message

@@ -142,9 +142,10 @@ def test_c_interface_error_codes_and_empty_sum():
     assert lib.matmul_packed_resolve_variant(99) == -1
 
 
-def test_registered_after_blocked():
+def test_registered_after_blocked_and_goto():
+    # reading order: the cache-blocked loop, the plain Goto algorithm, then its tuned version
     names = [impl.name for impl in harness.implementations("c.*")]
-    assert names.index("c.packed") == names.index("c.blocked") + 1
+    assert names.index("c.packed") == names.index("c.goto") + 1 == names.index("c.blocked") + 2
     assert IMPL.threaded
 
 

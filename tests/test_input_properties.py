@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import harness
 from harness.core import MatmulInputError
 
-IMPLEMENTATIONS = ["c.naive_ijk", "c.naive_ikj", "c.blocked", "c.packed", "numpy.matmul", "python.ikj"]
+IMPLEMENTATIONS = ["c.naive_ijk", "c.naive_ikj", "c.blocked", "c.goto", "c.packed", "numpy.matmul", "python.ikj"]
 EXAMPLES = 150  # per test, in CI
 
 

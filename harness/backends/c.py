@@ -332,6 +332,12 @@ register(Implementation(
     options={"tile": 64},
 ))
 register(Implementation(
+    name="c.goto", language="c", device="cpu", dtypes=("float32", "float64"),
+    summary="the five-loop Goto/BLIS algorithm: A and B packed per cache level, a register-tile micro-kernel",
+    backend=CBackend("goto", fastest_gflops=100.0),
+    source="c/goto.c",
+))
+register(Implementation(
     name="c.packed", language="c", device="cpu", dtypes=("float32", "float64"),
     summary="Goto/BLIS: packed panels, cache blocks from the cache sizes, SIMD register-tile micro-kernel, threads",
     backend=PackedBackend(),
