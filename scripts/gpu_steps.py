@@ -33,7 +33,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -76,11 +75,10 @@ def default_groups() -> list[tuple[str, list[str], list[str], list[str]]]:
 
 # ---- shared pieces -------------------------------------------------------------------------
 def write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed into place: a reader (or a
-    kill) never sees half of it."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
-        handle.write(text)
-    os.replace(handle.name, path)
+    """Write ``text`` to ``path`` whole or not at all (a reader, or a kill, never sees half)."""
+    from harness import files
+
+    files.write_text(path, text)
 
 
 def stand_in(name: str) -> None:
