@@ -204,7 +204,7 @@ def table(data: dict) -> str:
     by_key = {(r["shape"], r["dtype"], r["threads"]): r for r in rows}
     heads = [f"{'f32' if d == 'float32' else 'f64'} {t}t" for d, t in columns]
     lines = ["c.packed speed / NumPy's (/ BLIS's / torch's); above 1 = c.packed faster",
-             f"{'shape (MxNxK)':<16}" + "".join(f"{h:>15}" for h in heads)]
+             f"{'shape (MxNxK)':<15}" + "".join(f"{h:>16}" for h in heads)]
     for shape in shapes:
         cells = []
         for d, t in columns:
@@ -216,7 +216,7 @@ def table(data: dict) -> str:
             else:
                 peers = "".join(f"/{r[f'vs_{p}']:.2f}" for p in PEERS if r.get(f"vs_{p}") is not None)
                 cells.append(f"{r['vs_numpy']:.2f}{peers}")
-        lines.append(f"{shape:<16}" + "".join(f"{c:>15}" for c in cells))
+        lines.append(f"{shape:<15}" + "".join(f"{c:>16}" for c in cells))
     return "\n".join(lines)
 
 
