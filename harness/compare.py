@@ -99,7 +99,7 @@ class Results:
             if wide:
                 cells.append(_fmt(row.spread, "±{:.0%}"))
             cells += [_fmt(row.gflops, "{:,.3g}" if (row.gflops or 0) < 1000 else "{:,.0f}"), _peak_cell(row.peak_pct),
-                      _fmt(row.speedup, "{:.2f}x")]
+                      ratio_text(row.speedup)]
             if wide:
                 cells += [_fmt(row.max_abs_error, "{:.1e}"), _fmt(row.threads, "{}")]
             cells.append(_check_cell(row))
@@ -301,6 +301,16 @@ def _finite_or_null(value):
     if isinstance(value, (list, tuple)):
         return [_finite_or_null(v) for v in value]
     return value
+
+
+def ratio_text(ratio) -> str:
+    """A speed ratio a person reads: 1.03x, 0.35x; below 0.1 as a fraction, 1/310x, so that the
+    pure-Python rows say how far behind they are instead of all reading 0.00x."""
+    if ratio is None or (isinstance(ratio, float) and not math.isfinite(ratio)) or ratio <= 0:
+        return ""
+    if ratio >= 0.1:
+        return f"{ratio:.2f}x"
+    return f"1/{1 / ratio:,.0f}x"
 
 
 def _fmt(value, pattern: str) -> str:

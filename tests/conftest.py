@@ -117,7 +117,7 @@ def benchmark_summary(benchmarks) -> list[str]:
     speed against the baseline (numpy.matmul on the CPU, torch.cublas on the GPU)."""
     import harness
     from harness import machine
-    from harness.compare import _format_time
+    from harness.compare import _format_time, ratio_text
 
     groups: dict[str, list] = {}
     for bench in benchmarks:
@@ -143,7 +143,7 @@ def benchmark_summary(benchmarks) -> list[str]:
             peak = machine.cpu_peak_gflops(dtype, 1) if impl.device == "cpu" else None
             share = f"{100 * gflops / peak:.0f}%" + ("?" if gflops > peak else "") if peak else ""
             base = baseline.get(impl.device)
-            speed = f"{base / median:.2f}x" if base else ""
+            speed = ratio_text(base / median) if base else ""
             lines.append(f"  {impl.name:<24} {_format_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>8}")
     return lines
 

@@ -184,3 +184,12 @@ def test_benchmark_groups_and_summary_are_in_numeric_order():
     packed = next(line for line in lines if "c.packed" in line and "20.0 ms" in line)
     assert "107" in packed and "0.95x" in packed  # GFLOP/s and speed against numpy.matmul
     assert max(len(line) for line in lines) <= 100
+
+
+def test_ratios_far_below_one_still_say_something():
+    from harness.compare import ratio_text
+
+    assert ratio_text(1.034) == "1.03x" and ratio_text(0.35) == "0.35x" and ratio_text(0.1) == "0.10x"
+    assert ratio_text(0.0323) == "1/31x" and ratio_text(1 / 312.4) == "1/312x"
+    assert ratio_text(1 / 2904.0) == "1/2,904x"
+    assert ratio_text(None) == "" and ratio_text(float("nan")) == "" and ratio_text(0.0) == ""
