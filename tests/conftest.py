@@ -134,7 +134,7 @@ def benchmark_summary(benchmarks) -> list[str]:
                 baseline[impl.device] = bench.stats.median
         lines.append("")
         lines.append(f"{group}:")
-        lines.append(f"  {'implementation':<24} {'median':>10} {'GFLOP/s':>10} {'% peak':>7} {'vs base':>8}")
+        lines.append(f"  {'implementation':<24} {'median':>10} {'GFLOP/s':>10} {'% peak':>7} {'vs base':>9}")
         for bench in sorted(cases, key=lambda b: b.stats.median, reverse=True):
             impl = harness.lookup(bench.extra_info["implementation"])
             median = bench.stats.median
@@ -144,7 +144,7 @@ def benchmark_summary(benchmarks) -> list[str]:
             share = f"{100 * gflops / peak:.0f}%" + ("?" if gflops > peak else "") if peak else ""
             base = baseline.get(impl.device)
             speed = ratio_text(base / median) if base else ""
-            lines.append(f"  {impl.name:<24} {_format_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>8}")
+            lines.append(f"  {impl.name:<24} {_format_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>9}")
     return lines
 
 
