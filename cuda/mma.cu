@@ -56,6 +56,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "progress.h"
 #include "ptx.h"
 
 #define BLOCK_M 128
@@ -180,6 +181,7 @@ __device__ __forceinline__ void mma_gemm(const T* __restrict__ A, const T* __res
         __syncthreads();  // everyone's have; and everyone is done reading tile t - 1's stage
         if (t + STAGES - 1 < k_tiles) load_tile(t + STAGES - 1, (t + STAGES - 1) % STAGES);  // into t - 1's stage
         ptx::cp_async_commit_group();
+        if (threadIdx.x == 0) MATMUL_PROGRESS_MARK(PROGRESS_CONSUMER, t);  // tiles 0 .. t - 1 computed
         const int s = t % STAGES;
         const ptx::smem_t a_stage = a_smem + s * A_STAGE_BYTES, b_stage = b_smem + s * B_STAGE_BYTES;
 #pragma unroll

@@ -62,6 +62,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "progress.h"
 #include "ptx.h"
 
 #define BLOCK_M 128
@@ -141,6 +142,7 @@ __device__ __forceinline__ void wgmma_gemm(const ptx::TensorMap* a_map, const pt
                     for (int j = 0; j < BLOCK_N / 64; ++j)
                         ptx::tma_load_2d(b_dst + j * B_BOX_BYTES, b_map, col0 + 64 * j, t * BLOCK_K, full + 8 * s);
                     if (++s == STAGES) s = 0, phase ^= 1;
+                    MATMUL_PROGRESS_MARK(PROGRESS_PRODUCER, (tile - blockIdx.x) / gridDim.x * k_tiles + t + 1);
                 }
             }
         }
@@ -177,6 +179,8 @@ __device__ __forceinline__ void wgmma_gemm(const ptx::TensorMap* a_map, const pt
             if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(empty + 8 * previous);
             previous = s;
             if (++s == STAGES) s = 0, phase ^= 1;
+            if (threadIdx.x % 128 == 0)
+                MATMUL_PROGRESS_MARK(PROGRESS_CONSUMER + consumer, (tile - blockIdx.x) / gridDim.x * k_tiles + t + 1);
         }
         ptx::wgmma_wait_group<0>();
         if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(empty + 8 * previous);

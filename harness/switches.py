@@ -17,6 +17,7 @@ SWITCHES = {
     "MATMUL_ALLOW_SLOW": "run problems that would take too long (pure Python, CPU stand-ins for GPU code)",
     "MATMUL_CUDA_EMULATE": "run the CUDA kernels on the CPU emulation",
     "MATMUL_REQUIRE_GPU": "make a GPU test that would skip fail instead",
+    "MATMUL_CUDA_PROGRESS": "build the pipelined CUDA kernels to report how far they got (the smoke test's diagnosis)",
     "MATMUL_TRITON_CHECK_MODE": "autotuned Triton kernels keep one config (the GPU script's correctness step)",
 }
 

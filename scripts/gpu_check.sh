@@ -10,7 +10,9 @@
 #                if that fails the kernels still run, through the CuPy fallback loader
 #   compile      every kernel compiled for this GPU, with registers and spills (cuda-info)
 #   smoke        each kernel never run on a GPU before, at one shape, alone in a process under
-#                its own timeout: ok, WRONG, FAULT or HUNG (and how far it got)
+#                its own timeout: ok, WRONG, FAULT or HUNG (the phase it reached; a pipelined
+#                kernel that hung is tried again, built to report its producer's and consumers'
+#                k-steps: cuda/progress.h)
 #   comparison   GEMM 4096 and 8192 in float32, bfloat16 and float16 and GEMV 1x16384x16384
 #                against cuBLAS, in groups of one process each (cuBLAS first, a kernel the smoke
 #                test condemned skipped); the JSON is rewritten after every group

@@ -11,7 +11,9 @@ its process's CUDA context for every later launch:
 smoke    Each kernel that has never run on a GPU, at one shape that wraps its pipeline ring
          and gives its persistent blocks uneven numbers of tiles, alone in a process: ok,
          WRONG (the check failed), FAULT (an error, the message kept) or HUNG (killed at its
-         timeout, with the phase it had reached). smoke.json and smoke.txt.
+         timeout, with the phase it had reached). A pipelined kernel that hung is tried once
+         more, built to report how far its producer and consumers got (cuda/progress.h).
+         smoke.json and smoke.txt.
 compare  The comparison in groups, one process each: the baseline (cuBLAS) first, then each
          never-run kernel alone, then the proven ones; a kernel the smoke step found hung or
          faulting is skipped. Every finished (shape, dtype) appends its rows to rows.jsonl at
@@ -117,11 +119,39 @@ def last_lines(path: Path, count: int = 3) -> str:
 WRONG_EXIT, FAULT_EXIT = 1, 2
 
 
-def smoke_one(name: str, shape: str, dtype: str, phase_file: Path) -> int:
+# The pipelined kernels that can report how far they got (cuda/progress.h): a second try at
+# one that hung is built to, and says it (the first try is the build that is measured).
+PROGRESS_KERNELS = ["cuda.wgmma", "cuda.mma"]
+PROGRESS_ENV = "MATMUL_CUDA_PROGRESS"
+
+
+def report_progress_before(seconds: float, prepared_ref: list) -> None:
+    """In the child: shortly before the parent's timeout, print what the kernel reported (a
+    hung synchronize never returns, but pinned host memory can still be read) and end."""
+    def report():
+        progress = getattr(prepared_ref[0], "progress", None) if prepared_ref else None
+        if progress is None:
+            print("progress: not recorded (this kernel has no progress build)", flush=True)
+        else:
+            words = [int(v) for v in progress.tolist()]
+            print(f"progress: block 0's producer issued {words[0]} k-steps; its consumers finished "
+                  f"{words[1]} and {words[2]}", flush=True)
+        os._exit(HUNG_EXIT)
+
+    timer = threading.Timer(max(seconds, 0.5), report)
+    timer.daemon = True
+    timer.start()
+
+
+def smoke_one(name: str, shape: str, dtype: str, phase_file: Path, watch_seconds: float | None = None) -> int:
     """One kernel, one shape: 0 when correct, WRONG_EXIT when the check fails; an error
-    propagates."""
+    propagates. With ``watch_seconds``, the kernel's progress report is printed then."""
     def phase(text: str) -> None:
         write_whole(phase_file, text)
+
+    prepared_ref: list = []
+    if watch_seconds is not None:
+        report_progress_before(watch_seconds, prepared_ref)
 
     phase("importing the harness")
     import harness
@@ -130,6 +160,7 @@ def smoke_one(name: str, shape: str, dtype: str, phase_file: Path) -> int:
     a, b = harness.make_inputs(shape, dtype, seed=3)
     phase("preparing (compiling, copying to the GPU)")
     prepared = harness.get(name).prepare(a, b)
+    prepared_ref.append(prepared)
     phase("running (launch and synchronize)")
     stand_in(name)
     prepared.run()
@@ -140,7 +171,8 @@ def smoke_one(name: str, shape: str, dtype: str, phase_file: Path) -> int:
     return 0 if outcome.passed else WRONG_EXIT
 
 
-def smoke(out: Path, kernels: list[str], shape: str, dtype: str, timeout: float) -> int:
+def smoke(out: Path, kernels: list[str], shape: str, dtype: str, timeout: float,
+          progress_kernels: list[str] = PROGRESS_KERNELS) -> int:
     results = {}
     for name in kernels:
         phase_file = out / f".phase-{name}"
@@ -152,6 +184,8 @@ def smoke(out: Path, kernels: list[str], shape: str, dtype: str, timeout: float)
         phase_file.unlink(missing_ok=True)
         if ended == "timeout":
             verdict, detail = "HUNG", f"killed after {took:.0f}s while {reached}"
+            if name in progress_kernels:
+                detail += "; " + diagnose_hang(out, name, shape, dtype, timeout)
         elif code == 0:
             verdict, detail = "ok", f"{took:.1f}s"
         elif code == WRONG_EXIT:
@@ -164,6 +198,20 @@ def smoke(out: Path, kernels: list[str], shape: str, dtype: str, timeout: float)
     lines = [f"{name:20} {r['verdict']:5} {r['detail']}" for name, r in results.items()]
     write_whole(out / "smoke.txt", "\n".join(lines) + "\n")
     return 0 if all(r["verdict"] == "ok" for r in results.values()) else 1
+
+
+def diagnose_hang(out: Path, name: str, shape: str, dtype: str, timeout: float) -> str:
+    """Run a kernel that hung again, built to report its progress, and say how far it got."""
+    log = out / f"smoke-{name}-progress.log"
+    os.environ[PROGRESS_ENV] = "1"
+    try:
+        run_child([sys.executable, __file__, "_smoke_one", name, shape, dtype, str(out / f".phase-{name}-progress"),
+                   str(max(timeout - 3, 1))], timeout, log)
+    finally:
+        del os.environ[PROGRESS_ENV]
+        (out / f".phase-{name}-progress").unlink(missing_ok=True)
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("progress:")] if log.exists() else []
+    return lines[-1] if lines else "progress: no report (the second try did not reach the kernel)"
 
 
 # ---- compare ---------------------------------------------------------------------------------
@@ -391,7 +439,7 @@ def run_tests(out: Path, tests: list[str], first: list[str], budget: float, test
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "_smoke_one":
         try:
-            return smoke_one(argv[1], argv[2], argv[3], Path(argv[4]))
+            return smoke_one(argv[1], argv[2], argv[3], Path(argv[4]), float(argv[5]) if len(argv) > 5 else None)
         except Exception:  # a fault, a compile error: told apart from a wrong result (exit 1)
             import traceback
 
@@ -416,6 +464,8 @@ def main(argv: list[str]) -> int:
     smoke_parser.add_argument("--shape", default=SMOKE_SHAPE)
     smoke_parser.add_argument("--dtype", default=SMOKE_DTYPE)
     smoke_parser.add_argument("--timeout", type=float, default=40, help="seconds per kernel, compile included")
+    smoke_parser.add_argument("--progress-kernels", nargs="*", default=PROGRESS_KERNELS,
+                              help="kernels tried again, built to report their progress, when they hang")
     compare_parser = commands.add_parser("compare")
     compare_parser.add_argument("--group", type=parse_group, action="append", dest="groups")
     compare_parser.add_argument("--budget", type=float, default=200)
@@ -434,7 +484,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.command == "smoke":
-        return smoke(args.out, args.kernels, args.shape, args.dtype, args.timeout)
+        return smoke(args.out, args.kernels, args.shape, args.dtype, args.timeout, args.progress_kernels)
     if args.command == "compare":
         return compare(args.out, args.groups or default_groups(), args.budget, args.min_time, not args.no_plot, args.smoke,
                        args.group_timeout)

@@ -271,6 +271,32 @@ def test_mma_sass_has_the_sources_cp_async_groups_and_wait_counts(kernel, arch):
     assert found == waits, f"{where}: cp.async.wait_group counts {found} in the SASS, {waits} in the source"
 
 
+@needs_nvcc_and_cuobjdump
+@pytest.mark.parametrize("source, arch", [("cuda/wgmma.cu", "sm_90a"), ("cuda/mma.cu", "sm_90")])
+def test_the_progress_build_keeps_the_register_budget_and_the_measured_build_has_no_progress(source, arch):
+    # The GPU script's smoke test tries a hung kernel again built with -DMATMUL_PROGRESS
+    # (cuda/progress.h). That build must still meet the setmaxnreg budget (or it would deadlock
+    # for another reason), and the build that is measured must carry none of it.
+    import subprocess
+
+    from harness.backends.cuda import resources, toolkit
+
+    done = subprocess.run([toolkit.nvcc(), *toolkit.NVCC_OPTIONS, f"-arch={arch}", "-cubin", "--ptxas-options=-v",
+                           "-DMATMUL_PROGRESS", "-I", str(source_path("cuda")), "-o", "/dev/null", str(source_path(source))],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    progress = {k.kernel: k for k in resources.parse_ptxas(done.stdout + done.stderr, source, arch)}
+    measured = {k.kernel: k for k in cuda.compile_with_ptxas(source, arch)[0]}
+    assert progress.keys() == measured.keys()
+    for name, kernel in progress.items():
+        assert kernel.spill_stores == 0 and kernel.spill_loads == 0, kernel
+        if source.endswith("wgmma.cu"):
+            assert kernel.registers == measured[name].registers == 168, (kernel, measured[name])
+    for name, instructions in cuda_kernels(source, arch).items():
+        assert not any("matmul_progress" in i for i in instructions)
+    assert "MATMUL_PROGRESS_MARK" in source_path(source).read_text()
+
+
 def test_template_arguments_are_read_with_the_files_constants():
     text = "#define STAGES 4\nptx::cp_async_wait_group<STAGES - 2>();\nptx::cp_async_wait_group<0>();\n"
     assert _template_arguments(text, "cp_async_wait_group") == [2, 0]

@@ -74,6 +74,11 @@ class PyCudaLoader:
         launch.module = module  # keep the module alive as long as the launcher
         return launch
 
+    def set_global_pointer(self, launch, name: str, value: int) -> None:
+        """Set the module's ``__device__`` pointer ``name`` to ``value``."""
+        address, _ = launch.module.get_global(name)
+        self.driver.memcpy_htod(address, np.array([value], dtype=np.uint64))
+
 
 class CupyLoader:
     name = "cupy"
@@ -117,6 +122,17 @@ class CupyLoader:
 
         launch.module = module
         return launch
+
+    def set_global_pointer(self, launch, name: str, value: int) -> None:
+        value_bytes = np.array([value], dtype=np.uint64)
+        launch.module.get_global(name).copy_from_host(value_bytes.ctypes.data, value_bytes.nbytes)
+
+
+# cuda/progress.h: with this set, the pipelined kernels are built to report how far they got
+# into mapped pinned memory (the GPU script's smoke test sets it to diagnose a hang).
+PROGRESS_ENV = "MATMUL_CUDA_PROGRESS"
+PROGRESS_SOURCES = ("cuda/wgmma.cu", "cuda/mma.cu")
+PROGRESS_SLOTS = 4
 
 
 _LOADER_CLASSES = {"pycuda": PyCudaLoader, "cupy": CupyLoader}
@@ -172,19 +188,27 @@ def active_loader():
     return _active[name]
 
 
-def native_function(relative: str, kernel: str, signature: str, shared_bytes: int = 0):
+def native_function(relative: str, kernel: str, signature: str, shared_bytes: int = 0,
+                    defines: tuple[str, ...] = ()):
     """``launch(grid, block, args)`` for ``kernel`` of ``relative``, compiled for this GPU.
 
-    Cached per loader, source file (its text is in the cubin's cache key) and architecture.
+    Cached per loader, source file (its text is in the cubin's cache key), architecture and
+    the macros it was built with.
     """
     with _lock:
         loader = active_loader()
         arch = native_arch(relative, _device_arch())
-        cubin, _ = compile_cubin(relative, arch)
+        cubin, _ = compile_cubin(relative, arch, defines)
         key = (loader.name, str(cubin), kernel, signature, shared_bytes)
         if key not in _functions:
             _functions[key] = loader.load(cubin, kernel, signature, shared_bytes)
         return _functions[key]
+
+
+def progress_wanted(relative: str) -> bool:
+    from ...switches import switch
+
+    return relative in PROGRESS_SOURCES and switch(PROGRESS_ENV)
 
 
 class NativePrepared:
@@ -195,7 +219,14 @@ class NativePrepared:
 
         self.loader = active_loader().name
         self.launch_plan = launch
-        self.function = native_function(relative, launch.kernel, launch.signature, launch.shared_bytes)
+        self.progress = None  # with MATMUL_CUDA_PROGRESS: what block 0 reports (cuda/progress.h)
+        defines = ("MATMUL_PROGRESS",) if progress_wanted(relative) else ()
+        self.function = native_function(relative, launch.kernel, launch.signature, launch.shared_bytes, defines)
+        if defines:
+            # Pinned host memory is mapped for the GPU under unified addressing: the kernel
+            # writes it through the same pointer, and the host reads it while the kernel runs.
+            self.progress = torch.zeros(PROGRESS_SLOTS, dtype=torch.int64, pin_memory=True)
+            active_loader().set_global_pointer(self.function, "matmul_progress", self.progress.data_ptr())
         self.tensors = {name: gpu.to_device(array) for name, array in inputs.items()}
         # NaN-filled, so an element the kernel never wrote cannot pass the check
         self.tensors["C"] = torch.full(out_shape, float("nan"), dtype=gpu.torch_dtype(dtype), device="cuda")

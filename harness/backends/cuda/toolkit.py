@@ -93,8 +93,9 @@ def nvcc_version() -> str:
 _compile_lock = threading.Lock()
 
 
-def compile_cubin(relative: str, arch: str) -> tuple[Path, str]:
+def compile_cubin(relative: str, arch: str, defines: tuple[str, ...] = ()) -> tuple[Path, str]:
     """Compile one ``.cu`` file for ``arch`` (no GPU needed); (cubin path, ptxas -v log).
+    ``defines`` are macros to define (``MATMUL_PROGRESS``: cuda/progress.h).
 
     Raises RuntimeError with nvcc's message when the file does not compile. Cached under
     build/cuda-cubin/ on the source text, the flags and the nvcc version.
@@ -105,7 +106,8 @@ def compile_cubin(relative: str, arch: str) -> tuple[Path, str]:
     path = sources.source_path(relative)
     # The headers next to the sources (ptx.h) are part of what compiles: an edit to one recompiles.
     text = path.read_text() + "".join(h.read_text() for h in sorted(path.parent.glob("*.h")))
-    flags = [*NVCC_OPTIONS, f"-arch={arch}", "-cubin", "--ptxas-options=-v", "-I", str(path.parent)]
+    flags = [*NVCC_OPTIONS, f"-arch={arch}", "-cubin", "--ptxas-options=-v", "-I", str(path.parent),
+             *(f"-D{name}" for name in defines)]
     key = hashlib.sha256("\0".join([text, " ".join(flags), nvcc_version()]).encode()).hexdigest()[:16]
     out_dir = cache_root() / "cuda-cubin"
     cubin = out_dir / f"{path.stem}-{arch}-{key}.cubin"
