@@ -124,8 +124,16 @@ class _PythonFunction:
 class _CFunction:
     def __init__(self, path: Path, function: str):
         self.path, self.function = path, function
+        self._loaded: tuple[str, ctypes.CDLL] | None = None  # (built library's path, it)
 
     def _library(self):
+        """The file compiled and loaded: once per version of its text (the path names it)."""
+        library = self._build()
+        if self._loaded is None or self._loaded[0] != str(library):
+            self._loaded = (str(library), ctypes.CDLL(str(library)))
+        return self._loaded[1]
+
+    def _build(self) -> Path:
         compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
         if not compiler:
             raise ExternalError(f"{self.path}: no C compiler (cc, gcc or clang) to build it with; set CC")
@@ -142,7 +150,7 @@ class _CFunction:
                 first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[-300:])
                 raise ExternalError(f"{self.path} does not compile: {first}")
             os.replace(partial, library)
-        return ctypes.CDLL(str(library))
+        return library
 
     def _symbols(self, library) -> dict[str, object]:
         found = {}

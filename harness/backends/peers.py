@@ -81,27 +81,30 @@ class _BlisPrepared:
     mode = "native"
 
     def __init__(self, a, b, threads):
-        self.a, self.b = a, b
-        self.c = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+        self.c = np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)
+        self._call = self._cblas(a, b, threads) if 0 not in a.shape + b.shape else (lambda: None)
+
+    def _cblas(self, a, b, threads):
+        """The timed call, its arguments made once here (BLAS leaves an empty sum's C unwritten,
+        hence the zeros above for the shapes that skip it)."""
         library, _ = system_blis()
-        if library is not None:
-            if threads is not None:
-                library.bli_thread_set_num_threads(ctypes.c_int64(threads))
-            gemm = library.cblas_sgemm if a.dtype == np.float32 else library.cblas_dgemm
-            scalar = ctypes.c_float if a.dtype == np.float32 else ctypes.c_double
-            m, k = a.shape
-            n = b.shape[1]
-            pointers = [x.ctypes.data_as(ctypes.c_void_p) for x in (self.a, self.b, self.c)]
-            arguments = (ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, scalar(1.0), pointers[0], k, pointers[1], n,
-                         scalar(0.0), pointers[2], n)
-            self.run = lambda: gemm(*arguments)  # ctypes releases the GIL for the call
-        else:
+        if library is None:
             import blis.py
 
-            self.run = lambda: blis.py.gemm(self.a, self.b, out=self.c)
+            return lambda: blis.py.gemm(a, b, out=self.c)
+        if threads is not None:
+            library.bli_thread_set_num_threads(ctypes.c_int64(threads))
+        gemm = library.cblas_sgemm if a.dtype == np.float32 else library.cblas_dgemm
+        scalar = ctypes.c_float if a.dtype == np.float32 else ctypes.c_double
+        (m, k), n = a.shape, b.shape[1]
+        pointers = [ctypes.c_void_p(x.ctypes.data) for x in (a, b, self.c)]
+        arguments = (ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, scalar(1.0), pointers[0], k, pointers[1], n,
+                     scalar(0.0), pointers[2], n)
+        self._keep = (a, b)  # the pointers above are into these
+        return lambda: gemm(*arguments)  # ctypes releases the GIL for the call
 
-    def run(self) -> None:  # replaced per instance above
-        raise NotImplementedError
+    def run(self) -> None:
+        self._call()
 
     def result(self) -> np.ndarray:
         return self.c.copy()
@@ -141,11 +144,6 @@ class BlisBackend:
         return call
 
     def prepare(self, impl, a, b, options):
-        if 0 in a.shape or 0 in b.shape:  # BLAS leaves an empty sum's C unwritten
-            prepared = _BlisPrepared.__new__(_BlisPrepared)
-            prepared.c = np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)
-            prepared.run = lambda: None
-            return prepared
         return _BlisPrepared(a, b, options.get("threads"))
 
 
