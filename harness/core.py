@@ -76,6 +76,8 @@ class Implementation:
     backend: Backend = field(repr=False, compare=False)
     source: str | None = None      # relative to the repository root
     operation: str = "gemm"        # gemm, or gemv (M = 1 only)
+    weights: tuple[str, ...] = ()  # weight formats of a decode GEMV (quant.py: "q8_0", "q4_0", "bf16"):
+                                   # B arrives as quant.QuantizedWeights of W [N, K]; () = a float B
     max_flops: float | None = None  # bigger problems are refused unless allow_slow
     slow_rate: float | None = None  # FLOP/s, to say how long a refused problem would take
     multiple_of: int = 1           # M, N and K must be multiples of this
