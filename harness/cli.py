@@ -19,8 +19,6 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-
-
 def _seed(text: str) -> int:
     """A seed NumPy's generator takes: a whole number >= 0 (a usage error otherwise, not a row error)."""
     try:
@@ -74,7 +72,7 @@ def implementation_table(markdown: bool = False) -> str:
         if reason is None:
             mode = run_mode(impl)
             available = "yes" if mode == "native" else f"yes, {mode} on the CPU (checked, not timed)"
-            from .compare import describe
+            from .registry import describe
 
             detail = describe(impl)
             available += f": {detail}" if detail else ""
@@ -177,6 +175,7 @@ def _refuse_unwritable(parser, paths=(), folders=()) -> None:
 
 
 def _dispatch(parser, command_parsers, args) -> int:
+    """The checks every command shares (switches, --threads), then the command's own function."""
     from .experiments import EXPERIMENTS
 
     for problem in switch_problems():
@@ -185,53 +184,70 @@ def _dispatch(parser, command_parsers, args) -> int:
         problem = _thread_count_problem(args, command_parsers[args.command])
         if problem:
             parser.error(problem)
-    if args.command in EXPERIMENTS or args.command == "experiments":
-        _refuse_unwritable(parser, folders=[args.out])
-    if args.command == "report" and Path(args.directory).is_dir():  # (a missing one has nothing to report)
+    command = _experiment_command if args.command in EXPERIMENTS else COMMANDS[args.command]
+    return command(parser, args)
+
+
+def _experiment_command(parser, args) -> int:
+    _refuse_unwritable(parser, folders=[args.out])
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "out")}
+    try:
+        _run_experiment(args.command, args.out, options)
+    except ValueError as error:  # a bad option value the experiment refused
+        parser.error(str(error))
+    return 0
+
+
+def _experiments_command(parser, args) -> int:
+    from .experiments import EXPERIMENTS
+    from .report import write_report
+
+    _refuse_unwritable(parser, folders=[args.out])
+    for name in args.only or EXPERIMENTS:
+        _run_experiment(name, args.out, {})
+    print(f"wrote {write_report(args.out)}")
+    return 0
+
+
+def _report_command(parser, args) -> int:
+    from .report import write_report
+
+    if Path(args.directory).is_dir():  # (a missing one has nothing to report)
         _refuse_unwritable(parser, paths=[str(Path(args.directory) / "REPORT.md")])
-    if args.command in EXPERIMENTS:
-        options = {k: v for k, v in vars(args).items() if k not in ("command", "out")}
-        try:
-            _run_experiment(args.command, args.out, options)
-        except ValueError as error:  # a bad option value the experiment refused
-            parser.error(str(error))
-        return 0
-    if args.command == "experiments":
-        from .report import write_report
+    problems: list[str] = []
+    try:
+        print(f"wrote {write_report(args.directory, problems)}")
+    except FileNotFoundError as error:
+        sys.stderr.write(f"{error}\n")
+        return 1
+    for problem in problems:
+        sys.stderr.write(f"left out: {problem}\n")
+    return 1 if problems else 0
 
-        for name in args.only or EXPERIMENTS:
-            _run_experiment(name, args.out, {})
-        print(f"wrote {write_report(args.out)}")
-        return 0
-    if args.command == "report":
-        from .report import write_report
 
-        problems: list[str] = []
-        try:
-            print(f"wrote {write_report(args.directory, problems)}")
-        except FileNotFoundError as error:
-            sys.stderr.write(f"{error}\n")
-            return 1
-        for problem in problems:
-            sys.stderr.write(f"left out: {problem}\n")
-        return 1 if problems else 0
-    if args.command == "verdicts":
-        from .verdicts import main as judge
+def _verdicts_command(parser, args) -> int:
+    from .verdicts import main as judge
 
-        return judge(args.json_files)
-    if args.command == "list":
-        sys.stdout.write(implementation_table(args.markdown))
-        return 0
-    if args.command == "cuda-info":
-        from .backends import cuda
+    return judge(args.json_files)
 
-        try:
-            sys.stdout.write(cuda.resource_table(tuple(args.arch or cuda.ARCHS)))
-        except RuntimeError as error:
-            sys.stderr.write(f"{error}\n")
-            return 1
-        return 0
 
+def _list_command(parser, args) -> int:
+    sys.stdout.write(implementation_table(args.markdown))
+    return 0
+
+
+def _cuda_info_command(parser, args) -> int:
+    from .backends import cuda
+
+    try:
+        sys.stdout.write(cuda.resource_table(tuple(args.arch or cuda.ARCHS)))
+    except RuntimeError as error:
+        sys.stderr.write(f"{error}\n")
+        return 1
+    return 0
+
+
+def _compare_command(parser, args) -> int:
     from .compare import compare
     from .external import ExternalError, add_external, is_external
 
@@ -261,3 +277,13 @@ def _dispatch(parser, command_parsers, args) -> int:
         sys.stderr.write("nothing ran: every row was skipped or unavailable (see the status column)\n")
         return 1
     return 0
+
+
+COMMANDS = {
+    "list": _list_command,
+    "cuda-info": _cuda_info_command,
+    "compare": _compare_command,
+    "experiments": _experiments_command,
+    "verdicts": _verdicts_command,
+    "report": _report_command,
+}

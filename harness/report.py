@@ -9,12 +9,14 @@ from . import files
 from .experiments import EXPERIMENTS
 
 
-def machine_label(machine: dict) -> str:
+def machine_label(machine: dict, clock: str | None = None) -> str:
+    """One line naming the machine: CPU, GPU, BLAS, versions. The clock is measured anew by every
+    experiment and differs between them on one machine, so it is passed separately (``clock``)."""
     versions = machine.get("versions", {})
     blas = machine.get("blas") or [{}]
     parts = [
         f"CPU: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, SIMD {' '.join(machine.get('simd', []))}",
-        f"clock {machine.get('cpu_clock_ghz_measured', '?')} GHz measured",
+        f"clock {clock if clock is not None else machine.get('cpu_clock_ghz_measured', '?')} GHz measured",
         f"BLAS: {blas[0].get('internal_api', '?')} {blas[0].get('version', '')} ({blas[0].get('architecture', '?')} kernel)",
         "Python " + versions.get("python", "?") + ", " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "python"),
     ]
@@ -24,8 +26,23 @@ def machine_label(machine: dict) -> str:
     return "; ".join(parts)
 
 
-def _section(directory: Path, name: str, module) -> tuple[str, str]:
-    """(the report's section for one experiment's JSON, its machine label); ValueError, with
+def _machine_lines(machines: list[dict]) -> list[str]:
+    """One line per machine the experiments ran on, its clock as the range they measured."""
+    same_machine: dict[str, tuple[dict, list[float]]] = {}
+    for machine in machines:
+        identity = machine_label(machine, clock="")  # what the line says, but for the clock
+        clock = machine.get("cpu_clock_ghz_measured")
+        same_machine.setdefault(identity, (machine, []))[1].extend([clock] if isinstance(clock, (int, float)) else [])
+    lines = ["Machine" + ("s" if len(same_machine) > 1 else "") + ":", ""]
+    for machine, clocks in same_machine.values():
+        low, high = (min(clocks), max(clocks)) if clocks else (None, None)
+        span = "?" if low is None else f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
+        lines.append(f"- {machine_label(machine, clock=span)}")
+    return lines + [""]
+
+
+def _section(directory: Path, name: str, module) -> tuple[str, dict]:
+    """(the report's section for one experiment's JSON, its machine); ValueError, with
     the reason, for a file that is not that experiment's JSON (cut short, edited, another's)."""
     path = directory / f"{name}.json"
     try:
@@ -38,7 +55,7 @@ def _section(directory: Path, name: str, module) -> tuple[str, str]:
         raise ValueError(f"holds a JSON {type(data).__name__}, not an experiment's results")
     try:
         machine = data.get("machine", {})
-        label = machine_label(machine if isinstance(machine, dict) else {})
+        label = machine if isinstance(machine, dict) else {}
         summary = module.summarize(data)
     except (KeyError, TypeError, IndexError, AttributeError, ValueError) as error:
         raise ValueError(f"is not what `python -m harness {name}` writes ({type(error).__name__}: {error})") from None
@@ -77,8 +94,7 @@ def write_report(directory, problems: list[str] | None = None) -> Path:
     header = [
         "# Matmul report", "",
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by `python -m harness report {directory}`.", "",
-        "Machine" + ("s" if len(set(machines)) > 1 else "") + ":", "",
-        *(f"- {label}" for label in dict.fromkeys(machines)),
+        *_machine_lines(machines),
         "",
     ]
     return files.write_text(directory / "REPORT.md", "\n".join(header + sections))

@@ -221,7 +221,7 @@ def compare_group(impls: list[str], shapes: list[str], dtypes: list[str], rows_f
     from dataclasses import asdict
 
     import harness
-    from harness.compare import _finite_or_null
+    from harness.results import finite_or_null
 
     for shape in shapes:
         for dtype in dtypes:
@@ -230,7 +230,7 @@ def compare_group(impls: list[str], shapes: list[str], dtypes: list[str], rows_f
             results = harness.compare([shape], impls, [dtype], threads=None, min_time=min_time, baselines=False)
             with rows_file.open("a") as handle:
                 for row in results.rows:
-                    record = _finite_or_null({"row": asdict(row), "machine": results.machine,
+                    record = finite_or_null({"row": asdict(row), "machine": results.machine,
                                                              "settings": results.settings})
                     handle.write(json.dumps(record, default=str) + "\n")
                 handle.flush()
@@ -241,7 +241,7 @@ def compare_group(impls: list[str], shapes: list[str], dtypes: list[str], rows_f
 
 def merge_rows(out: Path) -> int:
     """comparison.json and .csv from every row written so far; the number of rows."""
-    from harness.compare import Results, Row, _fill_speedups
+    from harness.results import Results, Row, fill_speedups
 
     rows, machine, settings = [], {}, {}
     fields = set(Row.__dataclass_fields__)
@@ -256,7 +256,7 @@ def merge_rows(out: Path) -> int:
         if "gpu" in record["machine"] or not machine:
             machine = record["machine"]
         settings = settings or record["settings"]
-    _fill_speedups(rows)
+    fill_speedups(rows)
     results = Results(rows, machine, settings)
     for suffix, writer in (("json", results.to_json), ("csv", results.to_csv)):
         staging = out / f".comparison.{suffix}.partial"

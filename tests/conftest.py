@@ -117,7 +117,7 @@ def benchmark_summary(benchmarks) -> list[str]:
     speed against the baseline (numpy.matmul on the CPU, torch.cublas on the GPU)."""
     import harness
     from harness import machine
-    from harness.compare import _format_time, ratio_text
+    from harness.render import format_time, ratio_text
 
     groups: dict[str, list] = {}
     for bench in benchmarks:
@@ -144,7 +144,7 @@ def benchmark_summary(benchmarks) -> list[str]:
             share = f"{100 * gflops / peak:.0f}%" + ("?" if gflops > peak else "") if peak else ""
             base = baseline.get(impl.device)
             speed = ratio_text(base / median) if base else ""
-            lines.append(f"  {impl.name:<24} {_format_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>9}")
+            lines.append(f"  {impl.name:<24} {format_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>9}")
     return lines
 
 

@@ -118,3 +118,35 @@ def test_blas_grid_measures_pairs_and_judges_the_targets(tmp_path, monkeypatch):
     assert verdict["median_vs_numpy"] == 1.0 and verdict["min_vs_blis"] == 0.9
     assert verdict["small_vs_numpy"] == 0.5  # 64^3 is judged on its own target
     assert verdict["below_min"] == ["256x256x256 float32 1t: 0.80"]
+
+
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_every_experiment_keeps_the_contract(name):
+    """Each module satisfies ``Experiment``, and every option its parser defines is a keyword
+    its ``run`` takes (the command line passes them all), so none can be added on one side only."""
+    import argparse
+    import inspect
+
+    from harness.experiments import Experiment
+
+    module = EXPERIMENTS[name]
+    assert isinstance(module, Experiment), f"{name} lacks part of the Experiment protocol"
+    assert module.NAME == name
+    assert all(isinstance(getattr(module, field), str) and getattr(module, field) for field in ("TITLE", "DURATION"))
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    parameters = inspect.signature(module.run).parameters
+    assert next(iter(parameters)) == "out_dir"
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    for option in vars(parser.parse_args([])):
+        assert takes_any or option in parameters, f"{name}: --{option} is not a keyword of run()"
+
+
+def test_the_contract_check_can_fail():
+    import types
+
+    from harness.experiments import Experiment
+
+    incomplete = types.SimpleNamespace(NAME="x", TITLE="t", DURATION="d", add_arguments=print, run=print,
+                                       summarize=print)  # no findings()
+    assert not isinstance(incomplete, Experiment)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 import harness
-from harness.compare import Results, Row, _format_time
+from harness.compare import Results, Row
+from harness.render import format_time
 
 
 def rows() -> list[Row]:
@@ -59,7 +60,7 @@ def test_wide_terminals_get_more_columns():
 @pytest.mark.parametrize("seconds, text", [(1.69e4, "4.7 h"), (169.0, "169 s"), (16.9, "16.9 s"), (0.0123, "12.3 ms"),
                                            (1.2345e-5, "12.3 us"), (4.5e-8, "45.0 ns"), (None, "")])
 def test_times_in_human_units(seconds, text):
-    assert _format_time(seconds) == text
+    assert format_time(seconds) == text
 
 
 def test_the_quick_start_table_at_80_columns_is_short():
@@ -187,7 +188,7 @@ def test_benchmark_groups_and_summary_are_in_numeric_order():
 
 
 def test_ratios_far_below_one_still_say_something():
-    from harness.compare import ratio_text
+    from harness.render import ratio_text
 
     assert ratio_text(1.034) == "1.03x" and ratio_text(0.35) == "0.35x" and ratio_text(0.1) == "0.10x"
     assert ratio_text(0.0323) == "1/31x" and ratio_text(1 / 312.4) == "1/312x"

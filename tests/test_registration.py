@@ -91,7 +91,7 @@ def test_the_peers_are_right_and_say_what_ran(name):
             a, b = harness.make_inputs(shape, dtype)
             result = harness.get(name, threads=1)(a, b)
             assert harness.check(result, a, b).passed, (name, shape, dtype)
-    from harness.compare import describe
+    from harness.registry import describe
 
     description = describe(impl)
     assert description and ("kernels" in description if name == "blis.gemm" else "PyTorch" in description)

@@ -12,6 +12,7 @@ import numpy as np
 from ..inputs import make_inputs
 from ..timing import time_cpu
 from .common import pyplot, say, require_a_device, wanted, write
+from ..render import format_time, rate_text
 
 NAME = "association"
 TITLE = "Association order: (A@B)@C against A@(B@C) (exercise E)"
@@ -41,7 +42,7 @@ def run(out_dir, size: int = 4096, threads: int = 1) -> dict:
     if wanted("gpu"):
         rows += _gpu_rows(a, b, c, counts)
     for row in rows:
-        say(f"  {row['device']} {row['order']}: {row['flops'] / 1e9:.3g} GFLOP in {row['seconds'] * 1e3:.3g} ms")
+        say(f"  {row['device']} {row['order']}: {rate_text(row['flops'] / 1e9)} GFLOP in {format_time(row['seconds'])}")
     ratios = {}
     for device in sorted({r["device"] for r in rows}):
         times = {r["order"]: r["seconds"] for r in rows if r["device"] == device}
@@ -56,16 +57,16 @@ def run(out_dir, size: int = 4096, threads: int = 1) -> dict:
 
 def figure(data: dict):
     """Each order's time, as labelled bars (log scale: the two differ by orders of magnitude)."""
-    from ..compare import _format_time, _readable_log_ticks
+    from ..plotting import readable_log_ticks
 
     rows, size = data["rows"], data["size"]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels = [f"{r['device']} {r['order']}" for r in rows]
     bars = ax.barh(labels, [r["seconds"] for r in rows], color=["tab:green" if r["order"] == "(A@B)@C" else "tab:red" for r in rows])
-    ax.bar_label(bars, labels=[_format_time(r["seconds"]) for r in rows], fontsize=8, padding=3)
+    ax.bar_label(bars, labels=[format_time(r["seconds"]) for r in rows], fontsize=8, padding=3)
     ax.set_xscale("log")
-    _readable_log_ticks(ax.xaxis)
+    readable_log_ticks(ax.xaxis)
     ax.set_xlim(min(r["seconds"] for r in rows) / 3, max(r["seconds"] for r in rows) * 5)
     ax.invert_yaxis()
     ax.set_xlabel("seconds (log scale)")
@@ -112,7 +113,7 @@ def _gpu_rows(a, b, c, counts) -> list[dict]:
 def summarize(data: dict) -> str:
     lines = ["| device | order | GFLOP | time | GFLOP/s |", "|---|---|---:|---:|---:|"]
     for r in data["rows"]:
-        lines.append(f"| {r['device']} ({r['library']}) | {r['order']} | {r['flops'] / 1e9:.3g} | {r['seconds'] * 1e3:.3g} ms | {r['gflops']:.3g} |")
+        lines.append(f"| {r['device']} ({r['library']}) | {r['order']} | {rate_text(r['flops'] / 1e9)} | {format_time(r['seconds'])} | {rate_text(r['gflops'])} |")
     lines.append("")
     lines.append(f"FLOP ratio {data['flop_ratio']:.0f}x; measured time ratio "
                  + ", ".join(f"{d}: {r:.0f}x" for d, r in data["time_ratio"].items())

@@ -11,7 +11,8 @@ from .. import files, machine
 from functools import lru_cache
 
 from ..checking import check
-from ..compare import _finite_or_null, blas_limits, reference_for
+from ..compare import blas_limits, reference_for
+from ..results import finite_or_null
 from ..core import (InputGuard, Matmul, MatmulInputError, UnavailableError, check_problem, tried_to_write_inputs,
                     wrote_inputs_message)
 from ..inputs import make_inputs, parse_shape
@@ -115,7 +116,7 @@ def write(out_dir, name: str, data: dict, figure) -> dict:
 
     try:
         # strict JSON, as compare writes: a number that is not finite becomes null
-        text = json.dumps(_finite_or_null(data), indent=2, default=_jsonable, allow_nan=False)
+        text = json.dumps(finite_or_null(data), indent=2, default=_jsonable, allow_nan=False)
         files.write_text(out_dir / f"{name}.json", text + "\n")
         files.save_figure(figure, out_dir / f"{name}.png", dpi=120, bbox_inches="tight")
     finally:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..compare import compare
 from .common import gpu_present, say
+from ..render import format_time, rate_text, ratio_text
 
 NAME = "comparison"
 TITLE = "Every implementation side by side"
@@ -44,10 +45,10 @@ def summarize(data: dict) -> str:
         if r["status"].startswith(("skipped", "unavailable")):
             not_run.setdefault(r["implementation"], []).append(f"{r['shape']} {r['dtype']}: {r['status']}")
             continue
-        median = f"{r['median_s'] * 1e3:.3g} ms" if r.get("median_s") else ""
-        gflops = f"{r['gflops']:.3g}" if r.get("gflops") else ""
+        median = format_time(r.get("median_s"))
+        gflops = rate_text(r.get("gflops"))
         peak = f"{r['peak_pct']:.1f}%" if r.get("peak_pct") else ""
-        speedup = f"{r['speedup']:.3g}x" if r.get("speedup") else ""
+        speedup = ratio_text(r.get("speedup"))
         status = r["status"] if r.get("mode", "native") == "native" else f"{r['status']} ({r['mode']}, not timed)"
         lines.append(f"| `{r['implementation']}` | {r['device']} | {r['shape']} | {r['dtype']} | {median} | {gflops} | {peak} | {speedup} | {status.replace('|', '/')} |")
     if not_run:

@@ -14,6 +14,7 @@ from ..core import Matmul
 from ..inputs import make_inputs
 from ..registry import REGISTRY, lookup
 from .common import measure, pyplot, say, timed_once, write
+from ..render import format_time, rate_text
 
 NAME = "loop-orders"
 TITLE = "Loop orders: ijk, ikj and outer products in pure Python and in C (exercise B)"
@@ -72,7 +73,7 @@ def run(out_dir, size: int = 512, dtype: str = "float64") -> dict:
     ax.invert_yaxis()
     ax.set_xlabel(f"seconds for one {size}x{size}x{size} {dtype} matmul (log scale)")
     for i, r in enumerate(rows):
-        ax.text(r["seconds"], i, f" {r['seconds']:.3g} s", va="center", fontsize=8)
+        ax.text(r["seconds"], i, f" {format_time(r['seconds'])}", va="center", fontsize=8)
     ax.set_title("Same FLOPs, different loop orders")
     fig.tight_layout()
     return write(out_dir, NAME, {"size": size, "dtype": dtype, "python": python_rows, "c": c_rows,
@@ -100,7 +101,7 @@ def explain(ratios: dict) -> str:
 def summarize(data: dict) -> str:
     lines = ["| implementation | seconds | GFLOP/s |", "|---|---:|---:|"]
     for r in data["python"] + data["c"]:
-        lines.append(f"| `{r['implementation']}` | {r['seconds']:.4g} | {r['gflops']:.3g} |")
+        lines.append(f"| `{r['implementation']}` | {r['seconds']:.4g} | {rate_text(r['gflops'])} |")
     return "\n".join(lines) + "\n\n```\n" + data["explanation"] + "\n```"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .. import machine
 from ..registry import REGISTRY, implementations
 from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, say, require_a_device, wanted, write
+from ..render import rate_text
 
 NAME = "roofline"
 TITLE = "Roofline: measured points under the compute and bandwidth roofs"
@@ -71,7 +72,7 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
 
 def figure(data: dict):
     """Each device's roofs and the measured points, on log-log axes."""
-    from ..compare import _readable_log_ticks
+    from ..plotting import readable_log_ticks
 
     roofs, points = data["roofs"], data["points"]
     plt = pyplot()
@@ -95,7 +96,7 @@ def figure(data: dict):
             axis.scatter(point["intensity"], point["gflops"], s=36, marker=markers[index % len(markers)], label=name)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
-        _readable_log_ticks(axis.yaxis)
+        readable_log_ticks(axis.yaxis)
         axis.set_xlabel("arithmetic intensity (FLOP per byte of A, B and C)")
         axis.set_ylabel("GFLOP/s")
         axis.set_title(f"{device.upper()}: {roof['device']}", fontsize=9)
@@ -116,7 +117,7 @@ def summarize(data: dict) -> str:
             continue
         roof = data["roofs"][p["device"]]
         ceiling = min(roof.get(p["dtype"]) or roof["float32"], p["intensity"] * roof["bandwidth_gbps"])
-        lines.append(f"| `{p['implementation']}` | {p['shape']} | {p['dtype']} | {p['intensity']:.3g} | {p['gflops']:.3g} | {100 * p['gflops'] / ceiling:.1f}% |")
+        lines.append(f"| `{p['implementation']}` | {p['shape']} | {p['dtype']} | {p['intensity']:.3g} | {rate_text(p['gflops'])} | {100 * p['gflops'] / ceiling:.1f}% |")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..registry import REGISTRY
 from .common import inputs, measure, pyplot, say, require_a_device, wanted, write
+from ..render import format_time
 
 NAME = "tile-quantization"
 TITLE = "Tile quantization: (M, 4096) @ (4096, 4096) around multiples of 128 (exercise D)"
@@ -66,14 +67,14 @@ def figure(data: dict):
                 axis.axvline(i - 0.5, color="grey", linestyle=":", linewidth=1)
         axis.set_xticks(range(len(m_values)), [str(m) for m in m_values])
         axis.set_xlabel("M (dotted: a multiple of 128 crossed)")
-    from ..compare import _readable_log_ticks
+    from ..plotting import readable_log_ticks
 
     left.set_yscale("log")
-    _readable_log_ticks(left.yaxis)
+    readable_log_ticks(left.yaxis)
     left.set_ylabel("ms (log scale)")
     left.set_title(f"time of (M, {size}) @ ({size}, {size})", fontsize=10)
     right.set_yscale("log")
-    _readable_log_ticks(right.yaxis)
+    readable_log_ticks(right.yaxis)
     right.set_ylabel("GFLOP/s (log scale)")
     right.set_title("throughput: " + what_it_shows(data), fontsize=10)
     right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
@@ -119,7 +120,7 @@ def summarize(data: dict) -> str:
         cells = []
         for m in m_values:
             hit = [r for r in data["rows"] if r["implementation"] == name and r["dtype"] == dtype and r["m"] == m and "seconds" in r]
-            cells.append(f"{hit[0]['seconds'] * 1e3:.3g} ms" if hit else "")
+            cells.append(format_time(hit[0]['seconds']) if hit else "")
         lines.append(f"| `{name}` | {dtype} | " + " | ".join(cells) + " |")
     skipped = sorted({f"`{r['implementation']}`: {r['skipped']}" for r in data["rows"] if "skipped" in r})
     if skipped:

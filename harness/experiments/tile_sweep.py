@@ -35,11 +35,13 @@ import math
 
 from .. import files, machine
 from ..checking import check, reference
-from ..compare import _finite_or_null, blas_limits
+from ..compare import blas_limits
+from ..results import finite_or_null
 from ..core import InputGuard, Matmul, wrote_inputs_message
 from ..inputs import Shape, make_inputs, parse_shape
 from ..registry import lookup
 from ..timing import time_cpu
+from ..render import rate_text
 
 NAME = "tile-sweep"
 TITLE = "Tile sweep: c.blocked's GFLOP/s against its tile size, beside naive C and the BLAS (exercise C)"
@@ -112,10 +114,10 @@ def summarize(data: dict) -> str:
     """Markdown: one row per tile size, then the reference lines."""
     lines = ["| what | shape | GFLOP/s |", "|---|---|---:|"]
     for row in data["sweep"]:
-        speed = f"{row['gflops']:.3g}" if "gflops" in row else row["status"]
+        speed = rate_text(row['gflops']) if "gflops" in row else row["status"]
         lines.append(f"| `c.blocked` tile {row['tile']} | {row['shape']} | {speed} |")
     for row in data["lines"]:
-        speed = f"{row['gflops']:.3g}" if "gflops" in row else row["status"]
+        speed = rate_text(row['gflops']) if "gflops" in row else row["status"]
         lines.append(f"| `{row['implementation']}` | {row['shape']} | {speed} |")
     return "\n".join(lines) + "\n\n" + " ".join(findings(data)[1:])
 
@@ -187,7 +189,7 @@ def run(out_dir, shape=1024, tiles: Sequence[int] = (8, 16, 32, 64, 128, 256), d
         "caches": cache_sizes(),
         "machine": machine.machine_info(),
     }
-    files.write_text(out_dir / f"{NAME}.json", json.dumps(_finite_or_null(data), indent=2, default=str, allow_nan=False) + "\n")
+    files.write_text(out_dir / f"{NAME}.json", json.dumps(finite_or_null(data), indent=2, default=str, allow_nan=False) + "\n")
     _plot(data, out_dir / f"{NAME}.png")
     return data
 

@@ -1,0 +1,190 @@
+"""The terminal table of a comparison and the words around it: what ``print(results)`` shows.
+
+Cells are sized for an 80-column terminal: times in the unit that keeps three digits readable,
+ratios far below 1 as fractions (1/310x), and every row that did not run summed up in one line
+per reason below the table.
+"""
+from __future__ import annotations
+
+import io
+import math
+import re
+import shutil
+import textwrap
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .results import Results, Row
+
+NOISY_SPREAD = 0.25  # interquartile range over median beyond which a row is flagged
+
+
+def table(results: "Results", width: int = 100):
+    """The rows that ran (checked, and timed where they run natively), as a rich Table
+    sized for ``width`` columns: below 110, only the columns a reader compares."""
+    from rich import box
+    from rich.table import Table
+
+    wide = width >= 110
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title_justify="left",
+                  title="matmul: C[M,N] = A[M,K] @ B[K,N], shapes MxNxK (N^3: a square)")
+    columns = [("implementation", "left"), ("shape", "right"), ("dtype", "left"), ("time", "right")]
+    if wide:
+        columns += [("spread", "right")]
+    columns += [("GFLOP/s", "right"), ("% peak", "right"), ("vs base", "right")]
+    if wide:
+        columns += [("max err", "right"), ("threads", "right")]
+    columns += [("check", "left")]
+    for header, justify in columns:
+        table.add_column(header, justify=justify, no_wrap=header != "check")
+    for row in results.ran():
+        cells = [row.implementation, short_shape(row.shape), short_dtype(row.dtype), time_cell(row)]
+        if wide:
+            cells.append(fmt(row.spread, "±{:.0%}"))
+        cells += [rate_text(row.gflops), peak_cell(row.peak_pct),
+                  ratio_text(row.speedup)]
+        if wide:
+            cells += [fmt(row.max_abs_error, "{:.1e}"), fmt(row.threads, "{}")]
+        cells.append(check_cell(row))
+        table.add_row(*cells)
+    return table
+
+
+def not_run(results: "Results") -> list[str]:
+    """One line per implementation that did not run somewhere: why, and how often."""
+    reasons: dict[str, dict[str, list[str | None]]] = {}  # name -> reason -> each row's time estimate
+    totals: dict[str, int] = {}
+    for row in results.rows:
+        totals[row.implementation] = totals.get(row.implementation, 0) + 1
+        if row.status.startswith(("skipped", "unavailable")):
+            detail = row.status.split(": ", 1)[-1]
+            reason = general_reason(row.implementation, detail)
+            estimate = re.search(r"\((about [^)]*)\)", detail)
+            reasons.setdefault(row.implementation, {}).setdefault(reason, []).append(
+                estimate.group(1) if estimate else None)
+    grouped: dict[str, list[str]] = {}  # one line per reason, naming every implementation it stopped
+    for name, by_reason in reasons.items():
+        parts = []
+        for reason, estimates in by_reason.items():
+            text = reason
+            if len(estimates) == 1 and estimates[0]:
+                text += f" ({estimates[0]})"  # one problem: how long it would have taken
+            if len(estimates) != totals[name]:
+                text += f" ({len(estimates)} of {totals[name]})"
+            if "too long" in reason:
+                text += "; allow_slow=True (--allow-slow, MATMUL_ALLOW_SLOW=1) runs it anyway"
+            parts.append(text)
+        grouped.setdefault("; ".join(parts), []).append(name)
+    return [f"{', '.join(names)}: {reason}" for reason, names in grouped.items()]
+
+
+def render(results: "Results", width: int | None = None) -> str:
+    """The table and, below it, what did not run here and why: what ``print`` shows.
+    ``width`` defaults to the terminal's (``COLUMNS``), 100 when there is none."""
+    from rich.console import Console
+
+    width = width or shutil.get_terminal_size((100, 24)).columns
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    out = []
+    if results.ran():
+        console.print(table(results, width))
+        out.append(console.file.getvalue().rstrip("\n"))
+    notes = []
+    if any(row.spread is not None and row.spread > NOISY_SPREAD for row in results.ran()):
+        notes.append(f"! the timings of this row spread over ±{NOISY_SPREAD:.0%}: the machine was busy; "
+                     "rerun it, or raise --min-time")
+    if any(row.peak_pct is not None and row.peak_pct > 100 for row in results.ran()):
+        notes.append("? above 100% of the peak: the roof was under-measured on this machine "
+                     "(see the JSON's machine section)")
+    stand_ins = sorted({row.mode for row in results.ran() if row.mode != "native"})
+    if stand_ins:
+        notes.append(f"ok* {' / '.join(stand_ins)}, not timed: GPU code checked on a CPU stand-in")
+    for row in results.ran():
+        if not row.passed:
+            notes.append(f"{row.implementation} {row.shape} {row.dtype}: {row.status}")
+    for name, text in results.machine.get("implementations", {}).items():
+        if any(row.implementation == name for row in results.ran()):
+            notes.append(f"{name}: {text}")
+    for note in notes:
+        out.append(textwrap.fill(note, width, subsequent_indent="  "))
+    missing = not_run(results)
+    if missing:
+        out.append("not run here:")
+        out += [textwrap.fill(line, width, initial_indent="  ", subsequent_indent="    ") for line in missing]
+    return "\n".join(out) + "\n"
+
+
+def ratio_text(ratio) -> str:
+    """A speed ratio a person reads: 1.03x, 0.35x; below 0.1 as a fraction, 1/310x, so that the
+    pure-Python rows say how far behind they are instead of all reading 0.00x."""
+    if ratio is None or (isinstance(ratio, float) and not math.isfinite(ratio)) or ratio <= 0:
+        return ""
+    if ratio >= 0.1:
+        return f"{ratio:.2f}x"
+    return f"1/{1 / ratio:,.0f}x"
+
+
+def rate_text(value) -> str:
+    """A rate (GFLOP/s, GB/s) in plain digits: 0.0125, 93.1, 5,370 (never 5.37e+03)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def fmt(value, pattern: str) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
+
+
+def format_time(seconds) -> str:
+    """Three significant digits in the unit that keeps them readable: 12.3 us, 4.56 ms, 789 s, 2.1 h."""
+    if seconds is None:
+        return ""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 100:
+        return f"{seconds:.0f} s"
+    for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if seconds >= factor or unit == "ns":
+            value = seconds / factor
+            return f"{value:.{max(0, 2 - int(math.floor(math.log10(value)))) if value > 0 else 0}f} {unit}"
+    return ""
+
+
+def time_cell(row: "Row") -> str:
+    text = format_time(row.median_s)
+    if text and row.spread is not None and row.spread > NOISY_SPREAD:
+        text += " !"
+    return text
+
+
+def peak_cell(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.0f}%?" if value > 100 else f"{value:.0f}%" if value >= 10 else f"{value:.1f}%"
+
+
+def check_cell(row: "Row") -> str:
+    """ok, ok* (a CPU stand-in: checked, not timed), FAILED or error (the reason below the table)."""
+    if row.passed:
+        return "ok" if row.mode == "native" else "ok*"
+    return row.status.split(":", 1)[0]
+
+
+def short_shape(shape: str) -> str:
+    m, n, k = shape.split("x")
+    return f"{m}^3" if m == n == k else shape
+
+
+def short_dtype(name: str) -> str:
+    return {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}.get(name, name)
+
+
+def general_reason(name: str, reason: str) -> str:
+    """A refusal's reason without its problem's particulars (the shape, the dtype, what was
+    got), so one line can stand for every problem it refused: its first clause, to act on."""
+    if reason.startswith(name + " "):
+        reason = reason[len(name) + 1:]
+    reason = re.sub(r" at \d+x\d+x\d+ \(MxNxK\)| \(about [^)]*\)|,? got .*$| \(got [^)]*\)", "", reason)
+    for separator in ("; ", ". ", ": the limit"):
+        reason = reason.split(separator, 1)[0]
+    return reason.rstrip(" .:")

@@ -1,0 +1,151 @@
+"""The results of a comparison: one ``Row`` per (implementation, shape, dtype), and the
+``Results`` that hold them with the machine they ran on, written to and read from JSON and CSV.
+
+Printing (render.py) and plotting (plotting.py) read these; the run loop (compare.py) fills them.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import files
+from .inputs import dtype_name, parse_shape
+
+
+@dataclass
+class Row:
+    implementation: str
+    language: str
+    device: str
+    shape: str            # MxNxK
+    dtype: str
+    status: str           # "ok", "FAILED: ...", "skipped: ...", "unavailable: ...", "error: ..."
+    mode: str = "native"  # native, emulated, interpreted
+    loader: str | None = None  # what loaded a compiled GPU kernel (pycuda, cupy, emulation)
+    median_s: float | None = None
+    min_s: float | None = None
+    spread: float | None = None
+    repeats: int | None = None
+    gflops: float | None = None
+    gbytes_per_s: float | None = None  # (M*K + K*N + M*N) * itemsize / time: the least traffic
+    peak_pct: float | None = None
+    speedup: float | None = None  # baseline time / this time, same shape, dtype and device
+    max_abs_error: float | None = None
+    threads: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def timed(self) -> bool:
+        return self.median_s is not None
+
+
+@dataclass
+class Results:
+    rows: list[Row]
+    machine: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row(self, implementation: str, shape, dtype: str = "float32") -> Row:
+        shape = str(parse_shape(shape))
+        for row in self.rows:
+            if row.implementation == implementation and row.shape == shape and row.dtype == dtype_name(dtype):
+                return row
+        raise KeyError(f"no result for {implementation} at {shape} {dtype}")
+
+    # --- output -----------------------------------------------------------------------
+    def ran(self) -> list[Row]:
+        """Rows that ran (checked, passed or not), per shape the timed ones first."""
+        shapes = list(dict.fromkeys((row.shape, row.dtype) for row in self.rows))
+        ran = [row for row in self.rows if not row.status.startswith(("skipped", "unavailable"))]
+        return sorted(ran, key=lambda row: (shapes.index((row.shape, row.dtype)), not row.timed))
+
+    # --- output: the table (render.py), the plot (plotting.py), JSON and CSV ------------------
+    def table(self, width: int = 100):
+        """The rows that ran as a rich Table sized for ``width`` columns."""
+        from . import render
+
+        return render.table(self, width)
+
+    def not_run(self) -> list[str]:
+        """One line per implementation that did not run somewhere: why, and how often."""
+        from . import render
+
+        return render.not_run(self)
+
+    def render(self, width: int | None = None) -> str:
+        """The table and, below it, what did not run here and why: what ``print`` shows."""
+        from . import render
+
+        return render.render(self, width)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def plot(self, path, title: str | None = None) -> Path:
+        """GFLOP/s against problem size (PNG); GEMV shapes get a panel of GB/s of their own."""
+        from . import plotting
+
+        return plotting.plot(self, path, title)
+
+    @classmethod
+    def from_json(cls, path) -> "Results":
+        """Results written by ``to_json``, to print, plot or judge again."""
+        data = json.loads(Path(path).read_text())
+        fields = set(Row.__dataclass_fields__)
+        rows = [Row(**{k: v for k, v in row.items() if k in fields}) for row in data["results"]]
+        return cls(rows, data.get("machine", {}), data.get("settings", {}))
+
+    def to_dict(self) -> dict:
+        return {"machine": self.machine, "settings": self.settings, "results": [asdict(r) for r in self.rows]}
+
+    def to_json(self, path) -> Path:
+        """Strict JSON: a number that is NaN or infinite (the error of a failed row) is
+        written as null; the row's status says what happened."""
+        return files.write_text(path, json.dumps(finite_or_null(self.to_dict()), indent=2, default=str,
+                                                 allow_nan=False) + "\n")
+
+    def to_csv(self, path) -> Path:
+        names = list(Row.__dataclass_fields__)
+        with files.replacing(path, newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=names)
+            writer.writeheader()
+            for row in self.rows:
+                writer.writerow(asdict(row))
+        return Path(path)
+
+
+def finite_or_null(value):
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
+
+
+def fill_speedups(rows: list[Row]) -> None:
+    """Each timed row's speed against its device's baseline at the same shape and dtype."""
+    from .registry import REGISTRY
+
+    baseline_names = {impl.name for impl in REGISTRY.values() if impl.baseline}
+    base = {(r.device, r.shape, r.dtype): r.median_s for r in rows if r.implementation in baseline_names and r.timed}
+    for row in rows:
+        base_time = base.get((row.device, row.shape, row.dtype))
+        if row.timed and base_time:
+            row.speedup = base_time / row.median_s
+
