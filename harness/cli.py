@@ -142,6 +142,9 @@ def main(argv=None) -> int:
     everything.add_argument("--only", nargs="+", choices=list(EXPERIMENTS), metavar="NAME", help="a subset, by name")
     verdicts = commands.add_parser("verdicts", help="judge the GPU speed targets from comparison JSON files")
     verdicts.add_argument("json_files", nargs="+", metavar="JSON")
+    heading = commands.add_parser("headline", help="the README's headline table and figure, from results/*/comparison.json")
+    heading.add_argument("directories", nargs="*", default=["results/cpu", "results/gpu"], metavar="DIR")
+    heading.add_argument("--out", default="results", metavar="DIR", help="where headline.md and .png go (default results)")
     reporting = commands.add_parser("report", help="gather the experiments' JSON and plots in DIR into DIR/REPORT.md")
     reporting.add_argument("directory", nargs="?", default="out")
 
@@ -225,6 +228,19 @@ def _report_command(parser, args) -> int:
     return 1 if problems else 0
 
 
+def _headline_command(parser, args) -> int:
+    from .headline import write
+
+    _refuse_unwritable(parser, folders=[args.out])
+    try:
+        for path in write(args.directories, args.out):
+            print(f"wrote {path}")
+    except FileNotFoundError as error:
+        sys.stderr.write(f"{error}\n")
+        return 1
+    return 0
+
+
 def _verdicts_command(parser, args) -> int:
     from .verdicts import main as judge
 
@@ -284,6 +300,7 @@ COMMANDS = {
     "cuda-info": _cuda_info_command,
     "compare": _compare_command,
     "experiments": _experiments_command,
+    "headline": _headline_command,
     "verdicts": _verdicts_command,
     "report": _report_command,
 }
