@@ -105,8 +105,10 @@ static inline void tile_row(const real *restrict a_row, const real *restrict b_t
     }
 }
 
-int TYPED(matmul_blocked)(const real *restrict A, const real *restrict B, real *restrict C,
-                          int64_t M, int64_t N, int64_t K, int64_t tile) {
+/* The ikj loop run tile by tile, tile edge `tile` (>= 1; less counts as 1) in all three
+ * dimensions. Returns 0, or -1 if its tile buffer cannot be allocated. */
+MATMUL_API int TYPED(matmul_blocked)(const real *restrict A, const real *restrict B, real *restrict C,
+                                     int64_t M, int64_t N, int64_t K, int64_t tile) {
     if (tile < 1) tile = 1;
     if (M > 0 && N > 0) memset(C, 0, (size_t)M * (size_t)N * sizeof(real));
     if (M == 0 || N == 0 || K == 0) return 0;

@@ -109,16 +109,18 @@ BASELINE static int64_t list_features(char *out, int64_t size, int only_missing)
     return count;
 }
 
-BASELINE int64_t matmul_build_isa(char *out, int64_t size) { return list_features(out, size, 0); }
-BASELINE int64_t matmul_build_missing_isa(char *out, int64_t size) { return list_features(out, size, 1); }
+/* The extensions this build was compiled for, space-separated into out[0:size]; and of those,
+ * the ones this CPU lacks. Both return how many they wrote, or -1 if out is too small. */
+BASELINE MATMUL_API int64_t matmul_build_isa(char *out, int64_t size) { return list_features(out, size, 0); }
+BASELINE MATMUL_API int64_t matmul_build_missing_isa(char *out, int64_t size) { return list_features(out, size, 1); }
 
 #else /* not x86-64: nothing beyond the target's baseline is recorded or checked */
 
-int64_t matmul_build_isa(char *out, int64_t size) {
+MATMUL_API int64_t matmul_build_isa(char *out, int64_t size) {
     if (!out || size < 1) return -1;
     out[0] = '\0';
     return 0;
 }
-int64_t matmul_build_missing_isa(char *out, int64_t size) { return matmul_build_isa(out, size); }
+MATMUL_API int64_t matmul_build_missing_isa(char *out, int64_t size) { return matmul_build_isa(out, size); }
 
 #endif

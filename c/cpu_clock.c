@@ -43,7 +43,8 @@ static double adds_per_second(int64_t n) {
     return 16.0 * (double)n / (t1 - t0);
 }
 
-double matmul_measure_clock_ghz(void) {
+/* The core's clock in GHz. */
+MATMUL_API double matmul_measure_clock_ghz(void) {
     const int64_t n = 1000 * 1000; /* 16 M adds: about 5 ms at 3 GHz, short enough to often run undisturbed */
     double best = 0;
     for (int trial = 0; trial < 40; ++trial) { /* best of many: noise only ever slows a run down */

@@ -96,7 +96,9 @@ static AVX2 double trial_avx2_f64(int64_t n) {
     return 2.0 * 4 * CHAINS * (double)n / (t1 - t0);
 }
 
-double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
+/* One core's FMA throughput in GFLOP/s for 4- or 8-byte floats, best of `trials` (the median
+ * written to *median_gflops when not NULL); 0 where it cannot be measured. */
+MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
     double (*trial)(int64_t) = 0;
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f"))
@@ -123,7 +125,7 @@ double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *medi
     return best * 1e-9;
 }
 #else
-double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
+MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
     (void)elem_size; (void)trials;
     if (median_gflops) *median_gflops = 0.0;
     return 0.0; /* not measured here: the harness falls back to clock x lanes x FMA units */
@@ -159,7 +161,9 @@ static double read_trial(const uint64_t *data, int64_t count) {
     return 8.0 * (double)count / (t1 - t0);
 }
 
-double matmul_measure_read_gbps(int64_t bytes, int64_t trials, double *median_gbps) {
+/* One core streaming `bytes` of memory in, GB/s, best of `trials` (median to *median_gbps when
+ * not NULL); 0 if the buffer cannot be allocated. */
+MATMUL_API double matmul_measure_read_gbps(int64_t bytes, int64_t trials, double *median_gbps) {
     const int64_t count = bytes / 8;
     if (count < 8 || trials < 1) return 0.0;
     if (trials > 64) trials = 64;

@@ -75,8 +75,9 @@ static void micro_kernel(int64_t kc, const real *restrict a, const real *restric
         for (int64_t j = 0; j < nr; ++j) C[i * ldc + j] += acc[i][j];
 }
 
-int TYPED(matmul_goto)(const real *restrict A, const real *restrict B, real *restrict C,
-                       int64_t M, int64_t N, int64_t K) {
+/* Returns 0, or -1 if its pack buffers cannot be allocated. */
+MATMUL_API int TYPED(matmul_goto)(const real *restrict A, const real *restrict B, real *restrict C,
+                                  int64_t M, int64_t N, int64_t K) {
     if (M > 0 && N > 0) memset(C, 0, (size_t)M * (size_t)N * sizeof(real));
     if (M == 0 || N == 0 || K == 0) return 0;
     const int64_t kc_max = min_i64(KC, K);

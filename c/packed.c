@@ -490,8 +490,11 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
 
 /* ---- the public call: choose the path ------------------------------------------------------ */
 
-int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K,
-                              int64_t threads, int64_t variant, int64_t path) {
+/* matmul_packed through a chosen path: 0 = by shape (what matmul_packed does), 1 = the vector
+ * path (M = 1 or N = 1 only; else returns 4), 2 = direct (no packing), 3 = the packed loop nest.
+ * For comparing the paths on one shape; every path gives a correct product. */
+MATMUL_API int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K,
+                                         int64_t threads, int64_t variant, int64_t path) {
     if (M < 0 || N < 0 || K < 0 || path < PACKED_PATH_AUTO || path > PACKED_PATH_NEST) return PACKED_ERR_ARGUMENT;
     const struct packed_kernel *kernel = packed_kernel_for(variant, sizeof(real));
     if (!kernel) return PACKED_ERR_VARIANT;
@@ -528,7 +531,11 @@ int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, int64_t M, 
     }
 }
 
-int TYPED(matmul_packed)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K, int64_t threads,
-                         int64_t variant) {
+/* The Goto/BLIS packed SIMD matmul. threads <= 0 uses every online core; variant 0 = auto (the
+ * best this CPU supports), 1 = portable C, 2 = AVX2+FMA, 3 = AVX-512. Returns 0 on success, 1
+ * for a variant this CPU or build cannot run, 2 if the pack buffers cannot be allocated, 3 for
+ * a negative dimension. The result is the same for every thread count. */
+MATMUL_API int TYPED(matmul_packed)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K,
+                                    int64_t threads, int64_t variant) {
     return TYPED(matmul_packed_path)(A, B, C, M, N, K, threads, variant, PACKED_PATH_AUTO);
 }

@@ -1,7 +1,7 @@
 /* Private header of the packed (Goto/BLIS) matmul: what packed.c, written once over `real`
  * (real.h), shares with the parts compiled once (packed_setup.c: which micro-kernel, which
- * block sizes) and with the micro-kernels. Not part of the public interface (matmul.h), not
- * read by cffi.
+ * block sizes) and with the micro-kernels. Not part of the public interface (the MATMUL_API
+ * functions of packed.c and packed_setup.c), not read by cffi.
  *
  * A micro-kernel computes one MR x NR tile of C from two packed micro-panels:
  *
@@ -30,7 +30,7 @@
  * a packed row never straddle two lines. */
 #define PACK_ALIGNMENT 64
 
-/* The variant numbers of the public interface (matmul.h): 0 chooses at run time. */
+/* The variant numbers of the public interface (matmul_packed, packed.c): 0 chooses at run time. */
 enum packed_variant {
     PACKED_AUTO = 0,
     PACKED_PORTABLE = 1,
@@ -38,7 +38,7 @@ enum packed_variant {
     PACKED_AVX512 = 3,
 };
 
-/* The return codes of matmul_packed_f32 / _f64 (matmul.h). */
+/* The return codes of matmul_packed_f32 / _f64 (packed.c). */
 enum packed_status {
     PACKED_OK = 0,
     PACKED_ERR_VARIANT = 1,  /* unknown variant, or one this CPU (or this build) cannot run */
@@ -47,8 +47,8 @@ enum packed_status {
     PACKED_ERR_PATH = 4,     /* the vector path asked for a shape with neither M = 1 nor N = 1 */
 };
 
-/* The paths of matmul_packed_path_f32 / _f64 (matmul.h; packed.c says which shape takes
- * which): 0 chooses by shape. */
+/* The paths of matmul_packed_path_f32 / _f64 (packed.c, which says which shape takes which):
+ * 0 chooses by shape. */
 enum packed_path {
     PACKED_PATH_AUTO = 0,
     PACKED_PATH_VECTOR = 1,

@@ -29,7 +29,8 @@ static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* ---- which micro-kernels this CPU can run ----------------------------------------------- */
 
-int matmul_packed_variant_supported(int64_t variant) {
+/* 1 if this CPU and build can run the variant (packed.c's numbers), else 0. */
+MATMUL_API int matmul_packed_variant_supported(int64_t variant) {
     switch (variant) {
     case PACKED_AUTO:
     case PACKED_PORTABLE:
@@ -49,7 +50,8 @@ int matmul_packed_variant_supported(int64_t variant) {
     }
 }
 
-int64_t matmul_packed_resolve_variant(int64_t variant) {
+/* The variant that `variant` runs as (auto resolved), or -1 if it cannot run here. */
+MATMUL_API int64_t matmul_packed_resolve_variant(int64_t variant) {
     if (variant == PACKED_AUTO) {
         if (matmul_packed_variant_supported(PACKED_AVX512)) return PACKED_AVX512;
         if (matmul_packed_variant_supported(PACKED_AVX2)) return PACKED_AVX2;
@@ -150,7 +152,9 @@ struct blocking packed_blocking_for(const struct packed_kernel *k, size_t elem_s
     return b;
 }
 
-int matmul_packed_blocking(int64_t variant, int64_t elem_size, int64_t *sizes) {
+/* Fills sizes[0..7] with MR, NR, KC, MC, NC and the L1, L2, L3 sizes (bytes) they were derived
+ * from, for a variant and an element size (4 or 8). Returns as matmul_packed_f32 does. */
+MATMUL_API int matmul_packed_blocking(int64_t variant, int64_t elem_size, int64_t *sizes) {
     if (elem_size != sizeof(float) && elem_size != sizeof(double)) return PACKED_ERR_ARGUMENT;
     const struct packed_kernel *k = packed_kernel_for(variant, (size_t)elem_size);
     if (!k) return PACKED_ERR_VARIANT;

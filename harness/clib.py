@@ -129,6 +129,7 @@ def build_in_checkout(build_dir: Path | None = None, *extra_cmake_args: str) -> 
     """Configure and build the C library with CMake; returns the library path."""
     root = sources.sources_root()
     build_dir = build_dir or checkout_build_dir()
+    exported_functions()  # a name marked in two files: said here, not as the linker's duplicate symbol
     cmake = _cmake()
     # A library left by a build killed while linking can be newer than the objects, and CMake
     # would keep it: remove it so it is linked again (unlinking leaves a loaded copy intact).
@@ -184,14 +185,23 @@ def library_path() -> Path:
     return installed
 
 
+def exported_functions() -> dict:
+    """The library's functions by name (call_glue.Export: declaration and file), gathered from
+    the MATMUL_API marks of c/*.c; a clear error if two files mark the same name."""
+    try:
+        return call_glue.exported_functions(sources.source_path("c"))
+    except call_glue.DeclarationError as error:
+        raise CLibraryError(f"the C sources' declarations: {error}") from None
+
+
 def cdef_text() -> str:
-    """The declarations of c/matmul.h, stripped of preprocessor lines for cffi."""
-    return call_glue.cdef_from_header(sources.source_path("c/matmul.h").read_text())
+    """The declarations for cffi, gathered from the MATMUL_API definitions of c/*.c."""
+    return "\n".join(export.declaration for export in exported_functions().values()) + "\n"
 
 
 def _glue_beside(library: Path) -> Path | None:
     """The call glue built beside ``library`` for this interpreter, if it is there and (in a
-    checkout) at least as new as the header it was generated from."""
+    checkout) at least as new as the sources it was generated from."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         glue = library.parent / f"{call_glue.MODULE_NAME}{suffix}"
         if glue.is_file():
@@ -200,7 +210,8 @@ def _glue_beside(library: Path) -> Path | None:
         return None
     if sources.in_checkout() and not os.environ.get("MATMUL_C_LIBRARY"):
         root = sources.sources_root()
-        newest_input = max(p.stat().st_mtime_ns for p in (root / "c" / "matmul.h", root / "harness" / "call_glue.py"))
+        inputs = (*call_glue.source_files(root / "c"), root / "harness" / "call_glue.py")
+        newest_input = max(p.stat().st_mtime_ns for p in inputs)
         if glue.stat().st_mtime_ns < newest_input:
             return None
     return glue

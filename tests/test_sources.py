@@ -86,3 +86,71 @@ def test_checkout_uses_checkout_sources():
     assert sources.in_checkout()
     assert (sources.sources_root() / "c" / "matmul.h").is_file()
     assert "matmul_blocked_f32" in clib.cdef_text() and "#" not in clib.cdef_text()
+
+
+def test_every_registered_c_kernel_is_declared_by_its_own_source():
+    # The declarations come from the MATMUL_API definitions of c/*.c: each C implementation's
+    # functions are found in the file it names as its source.
+    from harness import implementations
+
+    exports = clib.exported_functions()
+    for impl in implementations():
+        if impl.language == "c" and impl.source and impl.source.startswith("c/"):
+            kernel = impl.backend.kernel
+            for suffix in ("f32", "f64"):
+                assert exports[f"matmul_{kernel}_{suffix}"].file == impl.source, impl.name
+    assert "matmul_build_missing_isa" in exports and "matmul_packed_blocking" in exports
+
+
+def _c_folder(tmp_path, files: dict[str, str]):
+    folder = tmp_path / "c"
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def test_a_file_that_includes_real_h_exports_each_marked_function_once_per_type(tmp_path):
+    from harness import call_glue
+
+    folder = _c_folder(tmp_path, {"mine.c": (
+        '#include "matmul.h"\n#include "real.h"\n'
+        "static void helper(void) {}\n"
+        "/* MATMUL_API in a comment is not a mark */\n"
+        "MATMUL_API int TYPED(matmul_mine)(const real *restrict A, const real *B, real *C,\n"
+        "                                  int64_t M, int64_t N, int64_t K, int64_t tile) { return 0; }\n"
+        "#if X\nMATMUL_API double matmul_mine_clock(void) { return 1; }\n"
+        "#else\nMATMUL_API double matmul_mine_clock(void) { return 2; }\n#endif\n")})
+    assert call_glue.cdef_from_sources(folder).splitlines() == [
+        "int matmul_mine_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K, int64_t tile);",
+        "int matmul_mine_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K, int64_t tile);",
+        "double matmul_mine_clock(void);",
+    ]
+    import cffi
+
+    cffi.FFI().cdef(call_glue.cdef_from_sources(folder))  # what cffi is given parses
+
+
+def test_a_function_marked_in_two_files_is_a_clear_error(tmp_path, monkeypatch):
+    from harness import call_glue
+
+    folder = _c_folder(tmp_path, {
+        "first.c": '#include "real.h"\nMATMUL_API void TYPED(matmul_twice)(const real *A) {}\n',
+        "second.c": "MATMUL_API void matmul_twice_f32(const float *A) {}\n",
+    })
+    with pytest.raises(call_glue.DeclarationError, match=r"matmul_twice_f32 is marked MATMUL_API in both c/first.c and c/second.c"):
+        call_glue.exported_functions(folder)
+    monkeypatch.setattr(sources, "source_path", lambda relative: tmp_path / relative)
+    with pytest.raises(clib.CLibraryError, match=r"c/first.c and c/second.c"):
+        clib.cdef_text()
+
+
+def test_a_mark_that_is_not_a_plain_declaration_is_refused_with_its_line(tmp_path):
+    from harness import call_glue
+
+    folder = _c_folder(tmp_path, {"odd.c": "\n\nMATMUL_API static inline NOT A DECLARATION;\n"})
+    with pytest.raises(call_glue.DeclarationError, match=r"c/odd.c:3: MATMUL_API must be followed"):
+        call_glue.exported_functions(folder)
+    folder = _c_folder(tmp_path / "untyped", {"untyped.c": "MATMUL_API void TYPED(matmul_u)(const real *A) {}\n"})
+    with pytest.raises(call_glue.DeclarationError, match=r'does not #include "real.h"'):
+        call_glue.exported_functions(folder)

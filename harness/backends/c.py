@@ -142,8 +142,10 @@ class CBackend:
         if missing:
             override = os.environ.get("MATMUL_C_LIBRARY")
             where = f"MATMUL_C_LIBRARY={override}" if override else "the C library"
-            raise BrokenError(f"{where} lacks {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''} "
-                              "of c/matmul.h: it is not a build of this project's C sources")
+            exports = clib.exported_functions()
+            named = ", ".join(f"{name} ({exports[name].file})" if name in exports else name for name in missing[:3])
+            raise BrokenError(f"{where} lacks {named}{' and more' if len(missing) > 3 else ''}, "
+                              "declared MATMUL_API in the C sources: it is not a build of this project's C sources")
         return None
 
     def extra_args(self, impl, options):
@@ -202,9 +204,10 @@ _missing_by_library: dict[int, list[str]] = {}
 
 
 def missing_functions(lib) -> list[str]:
-    """The functions of c/matmul.h that ``lib`` lacks. ffi.dlopen loads any shared library and
-    looks a function up only when it is first used, so a library that is not ours (an
-    unrelated MATMUL_C_LIBRARY) would otherwise fail mid-run; checked once per library."""
+    """The declared functions (the MATMUL_API ones of c/*.c) that ``lib`` lacks. ffi.dlopen
+    loads any shared library and looks a function up only when it is first used, so a library
+    that is not ours (an unrelated MATMUL_C_LIBRARY) would otherwise fail mid-run; checked once
+    per library."""
     key = id(lib)
     if key not in _missing_by_library:
         missing = []
@@ -226,7 +229,7 @@ def _tmpdir_hint() -> str:
     return ""
 
 
-# c.packed's micro-kernels and paths, by the numbers c/matmul.h gives them.
+# c.packed's micro-kernels and paths, by the numbers c/packed.c gives them.
 PACKED_VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
 PACKED_PATHS = {"auto": 0, "vector": 1, "direct": 2, "nest": 3}
 _PACKED_ERRORS = {
