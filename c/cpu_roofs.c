@@ -1,5 +1,5 @@
-/* Measure one core's roofs: the FMA throughput its widest SIMD unit sustains, and the rate
- * at which it streams memory in.
+/* Measure the roofs: one core's FMA throughput with its widest SIMD unit, and the rate at which
+ * one core, or several, stream memory in.
  *
  * "% of peak" used to be clock x lanes x 2 x an assumed two FMA units, with the clock from a
  * short add chain: on a busy virtual machine that clock came out low (1.7-2.0 GHz for a 3 GHz
@@ -12,17 +12,19 @@
 #include <stdint.h>
 #include <time.h>
 #include "matmul.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define AVX512 __attribute__((target("avx512f")))
-#define AVX2 __attribute__((target("avx2,fma")))
+#include "thread_pool.h"
 
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f")))
+#define AVX2 __attribute__((target("avx2,fma")))
+
 
 enum { CHAINS = 12 };
 static volatile double sink;
@@ -137,42 +139,59 @@ MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, d
  * Returns 0 if the buffer cannot be allocated. */
 #include <stdlib.h>
 
-enum { STREAMS = 8 };
+enum { STREAMS = 8, MAX_READ_THREADS = 64 };
 
-/* STREAMS sequential streams at once, one per equal part of the buffer: one stream alone is
+/* STREAMS sequential streams at once, one per equal part of the slice: one stream alone is
  * held back by how far the prefetcher runs ahead, where several (as a GEMV walks several rows)
- * keep more memory requests in flight. */
-static double read_trial(const uint64_t *data, int64_t count) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t0 = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+ * keep more memory requests in flight. Returns a sum of what it read, so none of it is skipped. */
+static uint64_t stream_in(const uint64_t *data, int64_t count) {
     const int64_t part = count / STREAMS / 8 * 8;
     uint64_t lanes[STREAMS][8] = {{0}};
     for (int64_t i = 0; i < part; i += 8)
         for (int s = 0; s < STREAMS; ++s)
             for (int j = 0; j < 8; ++j) lanes[s][j] += data[s * part + i + j];
-    count = part * STREAMS;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t1 = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
     uint64_t total = 0;
     for (int s = 0; s < STREAMS; ++s)
         for (int j = 0; j < 8; ++j) total += lanes[s][j];
-    __asm__ volatile("" : : "r"(total));
-    return 8.0 * (double)count / (t1 - t0);
+    return total;
 }
 
-/* One core streaming `bytes` of memory in, GB/s, best of `trials` (median to *median_gbps when
- * not NULL); 0 if the buffer cannot be allocated. */
-MATMUL_API double matmul_measure_read_gbps(int64_t bytes, int64_t trials, double *median_gbps) {
-    const int64_t count = bytes / 8;
-    if (count < 8 || trials < 1) return 0.0;
+struct read_job {
+    const uint64_t *data;
+    int64_t per_thread;  /* words, a multiple of 8 * STREAMS */
+    uint64_t totals[MAX_READ_THREADS];
+};
+
+static void read_task(void *context, int64_t part) {
+    struct read_job *job = context;
+    job->totals[part] = stream_in(job->data + part * job->per_thread, job->per_thread);
+}
+
+/* `threads` cores of the persistent pool (thread_pool.c, as the kernels use it) streaming
+ * `bytes` of memory in, each its own contiguous slice: GB/s, best of `trials` (median to
+ * *median_gbps when not NULL); 0 if the buffer cannot be allocated. The memory roof that a
+ * bandwidth-bound kernel on that many threads is measured against. */
+MATMUL_API double matmul_measure_read_gbps_threads(int64_t bytes, int64_t trials, int64_t threads, double *median_gbps) {
+    if (threads < 1) threads = 1;
+    if (threads > MAX_READ_THREADS) threads = MAX_READ_THREADS;
+    const int64_t per_thread = bytes / 8 / threads / (8 * STREAMS) * (8 * STREAMS);
+    if (per_thread < 8 * STREAMS || trials < 1) return 0.0;
     if (trials > 64) trials = 64;
+    const int64_t count = per_thread * threads;
     uint64_t *data = malloc((size_t)count * sizeof *data);
     if (!data) return 0.0;
     for (int64_t i = 0; i < count; ++i) data[i] = (uint64_t)i; /* touch every page before timing */
+    struct read_job job = {data, per_thread, {0}};
+    pool_run(threads, read_task, &job);  /* wakes the workers up before the timed trials */
     double rates[64], best = 0;
     for (int64_t t = 0; t < trials; ++t) {
-        rates[t] = read_trial(data, count);
+        double t0 = now_seconds();
+        pool_run(threads, read_task, &job);
+        double t1 = now_seconds();
+        uint64_t total = 0;
+        for (int64_t p = 0; p < threads; ++p) total += job.totals[p];
+        __asm__ volatile("" : : "r"(total));
+        rates[t] = 8.0 * (double)count / (t1 - t0);
         if (rates[t] > best) best = rates[t];
     }
     free(data);
@@ -184,4 +203,10 @@ MATMUL_API double matmul_measure_read_gbps(int64_t bytes, int64_t trials, double
         *median_gbps = rates[trials / 2] * 1e-9;
     }
     return best * 1e-9;
+}
+
+/* One core streaming `bytes` of memory in, GB/s, best of `trials` (median to *median_gbps when
+ * not NULL); 0 if the buffer cannot be allocated. */
+MATMUL_API double matmul_measure_read_gbps(int64_t bytes, int64_t trials, double *median_gbps) {
+    return matmul_measure_read_gbps_threads(bytes, trials, 1, median_gbps);
 }

@@ -119,6 +119,10 @@ def main(argv=None) -> int:
                                 "FILE:FUNCTION, e.g. mine.py:matmul or mine.c:my_matmul")
     comparing.add_argument("--dtype", "--dtypes", dest="dtypes", nargs="+", default=["float32"],
                            choices=["float32", "float64", "float16", "bfloat16"])
+    comparing.add_argument("--weights", nargs="+", default=None, metavar="FORMAT",
+                           choices=["q4_0", "q8_0", "bf16", "float32"],
+                           help="decode: float32 activations times weights stored as q4_0, q8_0, bf16 or float32 "
+                                "(shapes MxNxK: M rows of activations, W [N, K]); the float32 product is added")
     comparing.add_argument("--threads", type=int, default=1, help="BLAS and kernel threads (default 1; 0 = library default)")
     comparing.add_argument("--min-time", type=float, default=0.2, help="seconds of timed runs per row (default 0.2)")
     comparing.add_argument("--seed", type=_seed, default=0, help="seeds the inputs (an integer >= 0; default 0)")
@@ -279,7 +283,7 @@ def _compare_command(parser, args) -> int:
     results = compare(
         args.shapes, args.impls, args.dtypes, threads=args.threads or None, min_time=args.min_time,
         seed=args.seed, allow_slow=True if args.allow_slow else None, baselines=not args.no_baseline,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=not args.no_progress and sys.stderr.isatty(), weights=args.weights,
     )
     print(results)
     for path, writer in ((args.json, results.to_json), (args.csv, results.to_csv), (args.plot, results.plot)):

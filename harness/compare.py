@@ -46,6 +46,33 @@ def _with_baselines(chosen: list, include_baselines: bool) -> list:
 
 
 
+FLOAT_WEIGHTS = "float32"  # a decode problem's unquantized weights: the plain product X @ W^T
+
+
+def _weight_formats(weights, baselines: bool) -> list[str]:
+    """The decode problems' weight formats, validated ([] for a plain comparison)."""
+    from .quant import format_of
+
+    if weights is None:
+        return []
+    formats = [weights] if isinstance(weights, str) else list(weights)
+    formats = [FLOAT_WEIGHTS if text == FLOAT_WEIGHTS else format_of(text).name for text in formats]
+    if baselines and FLOAT_WEIGHTS not in formats:
+        formats.append(FLOAT_WEIGHTS)  # what the baseline and the peers run: the "vs base" of every row
+    return list(dict.fromkeys(formats))
+
+
+def _belongs(impl, fmt: str | None, explicit: bool) -> bool:
+    """Whether ``impl`` gets a row in problems of weight format ``fmt`` (None: a plain matmul).
+    Rows of implementations that cannot take the format are left out, unless asked for by name
+    in a plain comparison (the row then says why it was skipped)."""
+    if fmt is None:
+        return explicit or not impl.weights
+    if fmt == FLOAT_WEIGHTS:
+        return not impl.weights
+    return fmt in impl.weights
+
+
 def compare(
     shapes: Iterable = (256,),
     impls: Sequence[str] | str | None = None,
@@ -58,6 +85,7 @@ def compare(
     baselines: bool = True,
     progress: bool = False,
     options: dict | None = None,
+    weights: Sequence[str] | str | None = None,
 ) -> Results:
     """Check and time ``impls`` (names or glob patterns) on every shape and dtype.
 
@@ -65,6 +93,12 @@ def compare(
     count (None leaves both at their defaults). The library baseline of each device is added
     unless ``baselines=False``. ``options`` maps an implementation name to keyword options
     (``{"c.blocked": {"tile": 32}}``).
+
+    ``weights`` (``["q4_0", "q8_0", "bf16", "float32"]``) makes every shape MxNxK a decode
+    problem: float32 activations X [M, K] times weights W [N, K] stored in each format,
+    quantized once per problem outside the timed region; "float32" is the plain product, which
+    the baseline and the peers run (it is added when baselines are). Without ``impls``, the
+    implementations are those that take quantized weights.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
@@ -78,29 +112,37 @@ def compare(
     shapes = [parse_shape(s) for s in ([shapes] if isinstance(shapes, (str, int)) else shapes)]
     dtypes = [dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
     patterns = [impls] if isinstance(impls, str) else list(impls or [])
-    chosen = _with_baselines(implementations(*patterns), baselines)
+    formats = _weight_formats(weights, baselines)
+    chosen = implementations(*patterns)
+    if formats and not patterns:
+        chosen = [impl for impl in chosen if impl.weights]
+    chosen = _with_baselines(chosen, baselines)
     options = options or {}
 
-    tasks = [(shape, dtype, impl) for shape in shapes for dtype in dtypes for impl in chosen]
+    problems = [(shape, dtype, fmt) for shape in shapes for dtype in dtypes for fmt in formats or [None]]
+    tasks = [(shape, dtype, fmt, impl) for shape, dtype, fmt in problems for impl in chosen
+             if _belongs(impl, fmt, explicit=bool(patterns))]
     rows: list[Row] = []
     bar = _progress_bar(len(tasks)) if progress else None
     with (bar or nullcontext()):
         task_id = bar.add_task("comparing", total=len(tasks)) if bar else None
-        current: tuple[Shape, str] | None = None
-        for shape, dtype, impl in tasks:
+        current: tuple[Shape, str, str | None] | None = None
+        for shape, dtype, fmt, impl in tasks:
             if bar:
-                bar.update(task_id, description=f"{impl.name} {shape} {dtype}")
-            if current != (shape, dtype):
-                # Inputs and reference once per shape and dtype (tasks are ordered so), made
-                # when a row first needs them, and only the current ones held: at 8192^2 each
-                # set is over a gigabyte, and a shape nothing can run needs neither.
-                current = (shape, dtype)
-                problem = _Problem(shape, dtype, seed, [impl.device for impl in chosen])
+                bar.update(task_id, description=f"{impl.name} {shape} {fmt or dtype}")
+            if current != (shape, dtype, fmt):
+                # Inputs and reference once per problem (tasks are ordered so), made when a
+                # row first needs them, and only the current ones held: at 8192^2 each set is
+                # over a gigabyte, and a shape nothing can run needs neither.
+                current = (shape, dtype, fmt)
+                problem = _Problem(shape, dtype, seed, [impl.device for impl in chosen], weights=fmt)
             rows.append(_measure(impl, problem, threads, min_time, allow_slow, options.get(impl.name, {})))
             if bar:
                 bar.advance(task_id)
     fill_speedups(rows)
     settings = {"threads": threads, "min_time_s": min_time, "seed": seed, "shape_order": "MxNxK"}
+    if formats:
+        settings["weights"] = formats
     info = machine.machine_info()
     described = {impl.name: describe(impl) for impl in chosen}
     info["implementations"] = {name: text for name, text in described.items() if text}
@@ -160,66 +202,96 @@ def _threads_used(impl, threads: int | None, run_options: dict) -> int:
 
 
 class _Problem:
-    """One shape and dtype of a comparison: its inputs and float64 reference, made when the
-    first row needs them.
+    """One problem of a comparison (shape, dtype and, for decode, weight format): its inputs and
+    float64 reference, made when the first row needs them.
 
     The inputs are made read-only and the reference is computed from them before any row
     runs. Each row gets read-only views (``row_inputs``) and, after it ran, ``written()`` says
     whether it wrote into them anyway; if it did, the inputs are made again (they are seeded,
     so bit for bit the same) and the next row sees the problem the reference was computed on.
+
+    A decode problem (``weights`` a quant format) is X [M, K] times W [N, K]: the seeded B is
+    W^T, W is quantized once, here, and the reference is X times the weights the format holds
+    (``dequantize()``, exact in float32), so the ordinary error model applies to weight-only
+    kernels. "float32" weights are the plain product.
     """
 
-    def __init__(self, shape: Shape, dtype: str, seed: int, devices: list[str]):
+    def __init__(self, shape: Shape, dtype: str, seed: int, devices: list[str], weights: str | None = None):
         self.shape, self.dtype, self.seed, self.devices = shape, dtype, seed, devices
+        self.weights = weights
+        self.quantized = weights not in (None, FLOAT_WEIGHTS)
         self._inputs = self._reference = self._guard = None
+        self._float_b = None  # the float B [K, N] the reference multiplies (a decode problem's W^T)
 
-    def _make_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+    def _make_inputs(self):
         a, b = make_inputs(self.shape, self.dtype, self.seed)
         a.flags.writeable = False
+        if self.quantized:
+            from .quant import quantize
+
+            w = quantize(np.ascontiguousarray(b.T), self.weights)  # raises MatmulInputError (K % 32) for all rows
+            self._float_b = w.dequantize().T
+            return a, w
         b.flags.writeable = False
+        self._float_b = b
         return a, b
 
     @property
-    def inputs(self) -> tuple[np.ndarray, np.ndarray]:
+    def inputs(self):
         if self._inputs is None:
             self._inputs = self._make_inputs()
             # Before any row runs: no implementation can have touched what it is computed from.
-            if _reference_on_gpu(self.shape.flops, self.devices):
+            a, b = self._inputs[0], self._float_b
+            if _reference_on_gpu(self.shape.flops, self.devices) and not self.quantized:
                 from .gpu import DeviceProblem
 
-                self._reference = DeviceProblem(*self._inputs)
+                self._reference = DeviceProblem(a, b)
             else:
-                self._reference = reference_data(*self._inputs)
+                self._reference = reference_data(a, b)
         return self._inputs
 
-    def row_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+    def bytes_read(self) -> int:
+        """The least traffic of a row: read A (or X) and B (or the packed W) once, write C once."""
+        a, b = self.inputs
+        m, n, k = self.shape
+        b_bytes = b.nbytes if self.quantized else k * n * a.dtype.itemsize
+        return (m * k + m * n) * a.dtype.itemsize + b_bytes
+
+    def row_inputs(self):
         """Read-only views of the inputs for one row, watched for writes by ``written``."""
-        self._guard = InputGuard(*self.inputs)
-        return self._guard.a, self._guard.b
+        a, b = self.inputs
+        self._guard = InputGuard(a, b.data if self.quantized else b)
+        return self._guard.a, (b if self.quantized else self._guard.b)
 
     def written(self) -> list[str]:
         """The inputs the current row wrote into ("A", "B"); they are made afresh for the next row."""
         written = self._guard.written() if self._guard else []
         if written:
             self._inputs = self._make_inputs()
-            self._guard = InputGuard(*self._inputs)
+            a, b = self._inputs
+            self._guard = InputGuard(a, b.data if self.quantized else b)
         return written
 
     def check(self, result: np.ndarray):
         """The check of ``result`` against the float64 reference: on the GPU when GPU
         implementations are compared, a GPU is here and the problem is big (the host's float64
         product and element-wise check of 8192^2 take seconds per row), else on the host."""
-        a, b = self.inputs
+        a = self.inputs[0]
         if isinstance(self._reference, Reference):
-            return check(result, a, b, self._reference)
+            return check(result, a, self._float_b, self._reference)
         return self._reference.check(result)
 
 
 def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_options) -> Row:
     shape, dtype = problem.shape, problem.dtype
-    row = Row(impl.name, impl.language, impl.device, str(shape), dtype, status="ok")
+    row = Row(impl.name, impl.language, impl.device, str(shape), dtype, status="ok", weights=problem.weights)
     try:
+        if impl.weights and not problem.quantized:
+            raise MatmulInputError(f"{impl.name} takes quantized weights ({', '.join(impl.weights)}): "
+                                   f"compare them with weights=[...] (--weights)")
         check_problem(impl, shape, dtype, allow_slow)
+        if problem.quantized:
+            problem.inputs  # noqa: B018 - quantizing refuses a K that is not a multiple of the block
     except MatmulInputError as error:
         row.status = f"skipped: {error}"
         return row
@@ -273,9 +345,11 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
     if timing.median_s <= 0 or shape.flops == 0:  # nothing computed: no rate to report
         return row
     row.gflops = shape.flops / timing.median_s / 1e9
-    # The least traffic any implementation needs: read A and B once, write C once.
-    itemsize = a.dtype.itemsize
-    row.gbytes_per_s = (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n) * itemsize / timing.median_s / 1e9
+    # The least traffic any implementation needs: read A and B (the packed weights) once, write C once.
+    row.gbytes_per_s = problem.bytes_read() / timing.median_s / 1e9
+    if problem.weights and impl.device == "cpu":
+        roof = machine.memory_roof_gbps(row.threads or 1)
+        row.memory_pct = 100.0 * row.gbytes_per_s / roof if roof else None
     if impl.device == "cpu":
         peak = machine.cpu_peak_gflops(dtype, cores=row.threads or 1)
     else:

@@ -235,6 +235,8 @@ def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) 
     The caller's arrays are never modified: a non-contiguous, misaligned, Fortran-ordered or
     byte-swapped input is copied, never reinterpreted.
     """
+    if impl.weights or is_quantized(b):
+        return _validate_decode_inputs(impl, a, b, allow_slow)
     a = _plain_array(impl, "A", a)
     b = _plain_array(impl, "B", b)
     if a.ndim != 2 or b.ndim != 2:
@@ -252,6 +254,44 @@ def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) 
     return _contiguous_aligned(a), _contiguous_aligned(b)
 
 
+def is_quantized(b) -> bool:
+    """Whether ``b`` is a decode problem's weights (quant.QuantizedWeights) rather than a float B."""
+    from .quant import QuantizedWeights
+
+    return isinstance(b, QuantizedWeights)
+
+
+def _validate_decode_inputs(impl: Implementation, x, weights, allow_slow: bool | None):
+    """A decode problem: activations X [M, K] and quantized weights W [N, K] (Y = X @ W^T)."""
+    if not impl.weights:
+        raise MatmulInputError(
+            f"{impl.name} takes a float B [K, N], not {weights.format} weights; pass weights.dequantize().T "
+            "to multiply by the weights they hold"
+        )
+    if not is_quantized(weights):
+        raise MatmulInputError(
+            f"{impl.name} takes quantized weights W [N, K] (harness.quant.quantize(w, format), formats "
+            f"{', '.join(impl.weights)}), got {type(weights).__name__} for B"
+        )
+    if weights.format not in impl.weights:
+        raise MatmulInputError(f"{impl.name} does not take {weights.format} weights (it takes {', '.join(impl.weights)})")
+    x = _plain_array(impl, "X", x)
+    if x.ndim != 2:
+        raise MatmulInputError(f"{impl.name} expects activations X [M, K] as a 2-D array, got {x.ndim}-D {x.shape}")
+    if x.shape[1] != weights.k:
+        raise MatmulInputError(
+            f"inner dimensions do not match: X is {x.shape} and W is [{weights.n}, {weights.k}]; "
+            f"X's columns ({x.shape[1]}) must equal W's columns ({weights.k})"
+        )
+    check_problem(impl, Shape(x.shape[0], weights.n, weights.k), x.dtype, allow_slow)
+    return _contiguous_aligned(x), weights
+
+
+def output_shape(a: np.ndarray, b) -> tuple[int, int]:
+    """C's shape: [M, N] for A [M, K] times B [K, N] or times quantized W [N, K]."""
+    return (a.shape[0], b.n if is_quantized(b) else b.shape[1])
+
+
 def _contiguous_aligned(x: np.ndarray) -> np.ndarray:
     flags = x.flags
     if flags.c_contiguous and flags.aligned:
@@ -262,7 +302,7 @@ def _contiguous_aligned(x: np.ndarray) -> np.ndarray:
 def check_result(impl: Implementation, result, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """An implementation must return an ndarray of the problem's dtype and shape; anything
     else is a bug in it, reported as one rather than passed on."""
-    expected = (a.shape[0], b.shape[1])
+    expected = output_shape(a, b)
     if not isinstance(result, np.ndarray) or result.shape != expected or result.dtype != a.dtype:
         got = (f"{type(result).__name__} {getattr(result, 'shape', '')} {dtype_name(result.dtype)}"
                if isinstance(result, np.ndarray) else type(result).__name__)
@@ -352,7 +392,7 @@ class Matmul:
             # Nothing to compute, and a GPU grid of zero blocks is an error: every
             # implementation gives what NumPy gives (zeros when K = 0, else an empty array).
             # (and it runs where the implementation would: a CPU stand-in's row is not timed)
-            return EmptyProduct(np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype), mode=run_mode(self.impl))
+            return EmptyProduct(np.zeros(output_shape(a, b), dtype=a.dtype), mode=run_mode(self.impl))
         return self.impl.backend.prepare(self.impl, a, b, self.options)
 
     def __call__(self, a, b) -> np.ndarray:

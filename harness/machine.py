@@ -128,9 +128,18 @@ def measured_fma_roofs() -> dict | None:
 ROOF_LIMITS = {"float32": 10_000.0, "float64": 10_000.0, "read_gbps": 1_000.0}
 
 
+def _roof_limit(kind: str) -> float | None:
+    """The limit of a kind of roof (several cores' reads: read_gbps_<N>_threads), None if unknown."""
+    if kind.startswith("read_gbps_") and kind.endswith("_threads") and kind[10:-8].isdigit():
+        return ROOF_LIMITS["read_gbps"] * int(kind[10:-8])
+    return ROOF_LIMITS.get(kind)
+
+
 def _plausible_roof(kind: str, entry) -> bool:
+    limit = _roof_limit(kind)
+
     def number(value) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= ROOF_LIMITS[kind]
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= (limit or 0)
 
     return (isinstance(entry, dict) and number(entry.get("best"))
             and ("median" not in entry or number(entry["median"])))
@@ -151,7 +160,7 @@ def _read_roof_cache(cache) -> dict:
     valid = {}
     for key, roofs in kept.items():
         if isinstance(roofs, dict):
-            good = {kind: entry for kind, entry in roofs.items() if kind in ROOF_LIMITS and _plausible_roof(kind, entry)}
+            good = {kind: entry for kind, entry in roofs.items() if _roof_limit(kind) and _plausible_roof(kind, entry)}
             if good:
                 valid[key] = good
     return valid
@@ -176,7 +185,7 @@ def remember_roofs(key: str, measured: dict) -> dict:
         with files.locked(cache.with_name(cache.name + ".lock")):
             kept = _read_roof_cache(cache)
             best = _keep_best(kept.get(key, {}), measured)
-            kept[key] = best
+            kept[key] = {**kept.get(key, {}), **best}  # the kinds not measured now are kept as they were
             files.write_text(cache, json.dumps(kept, indent=2, allow_nan=False) + "\n")
     except OSError:  # a read-only home: the best known still serves this process
         best = _keep_best(_read_roof_cache(cache).get(key, {}), measured)
@@ -187,6 +196,30 @@ def memory_read_gbps() -> float | None:
     """One core's measured streaming-read bandwidth (the best kept per machine), or None."""
     roofs = measured_fma_roofs()
     return roofs["read_gbps"]["best"] if roofs and "read_gbps" in roofs else None
+
+
+@lru_cache(maxsize=None)
+def memory_roof_gbps(threads: int = 1) -> float | None:
+    """The memory roof of ``threads`` cores: the streaming-read bandwidth they measured together
+    through the kernels' thread pool (the best kept per machine and thread count), or None
+    where it cannot be measured. What a bandwidth-bound kernel (a decode GEMV) is scored
+    against: one core alone does not saturate memory, so a 2-thread row needs a 2-thread roof."""
+    if threads <= 1:
+        return memory_read_gbps()
+    try:
+        from . import clib
+
+        ffi, lib = clib.load()
+        measure = lib.matmul_measure_read_gbps_threads
+    except Exception:
+        return None
+    median = ffi.new("double *")
+    entry = {"best": round(float(measure(READ_BYTES, READ_TRIALS, threads, median)), 2),
+             "median": round(float(median[0]), 2)}
+    kind = f"read_gbps_{threads}_threads"
+    if not _plausible_roof(kind, entry):
+        return None
+    return remember_roofs(f"{cpu_model()} | {' '.join(simd_flags())}", {kind: entry})[kind]["best"]
 
 
 def _roof_cache_path():

@@ -26,23 +26,31 @@ def table(results: "Results", width: int = 100):
     from rich.table import Table
 
     wide = width >= 110
+    decode = results.decode  # decode problems: bandwidth is the measure, the weights the variable
+    title = ("decode: Y[M,N] = X[M,K] @ W[N,K]^T, W stored in each format; shapes MxNxK" if decode
+             else "matmul: C[M,N] = A[M,K] @ B[K,N], shapes MxNxK (N^3: a square)")
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title_justify="left",
-                  title="matmul: C[M,N] = A[M,K] @ B[K,N], shapes MxNxK (N^3: a square)")
-    columns = [("implementation", "left"), ("shape", "right"), ("dtype", "left"), ("time", "right")]
+                  title=title)
+    columns = [("implementation", "left"), ("shape", "right"), ("weights" if decode else "dtype", "left"),
+               ("time", "right")]
     if wide:
         columns += [("spread", "right")]
-    columns += [("GFLOP/s", "right"), ("% peak", "right"), ("vs base", "right")]
+    columns += [("GFLOP/s", "right")]
+    columns += [("GB/s", "right"), ("% mem", "right")] if decode else [("% peak", "right")]
+    columns += [("vs base", "right")]
     if wide:
         columns += [("max err", "right"), ("threads", "right")]
     columns += [("check", "left")]
     for header, justify in columns:
         table.add_column(header, justify=justify, no_wrap=header != "check")
     for row in results.ran():
-        cells = [row.implementation, short_shape(row.shape), short_dtype(row.dtype), time_cell(row)]
+        kind = row.weights if decode else short_dtype(row.dtype)
+        cells = [row.implementation, short_shape(row.shape), kind or "", time_cell(row)]
         if wide:
             cells.append(fmt(row.spread, "±{:.0%}"))
-        cells += [rate_text(row.gflops), peak_cell(row.peak_pct),
-                  ratio_text(row.speedup)]
+        cells.append(rate_text(row.gflops))
+        cells += [rate_text(row.gbytes_per_s), peak_cell(row.memory_pct)] if decode else [peak_cell(row.peak_pct)]
+        cells.append(ratio_text(row.speedup))
         if wide:
             cells += [fmt(row.max_abs_error, "{:.1e}"), fmt(row.threads, "{}")]
         cells.append(check_cell(row))

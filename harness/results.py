@@ -23,7 +23,7 @@ class Row:
     language: str
     device: str
     shape: str            # MxNxK
-    dtype: str
+    dtype: str            # of the inputs (a decode problem's activations)
     status: str           # "ok", "FAILED: ...", "skipped: ...", "unavailable: ...", "error: ..."
     mode: str = "native"  # native, emulated, interpreted
     loader: str | None = None  # what loaded a compiled GPU kernel (pycuda, cupy, emulation)
@@ -37,6 +37,8 @@ class Row:
     speedup: float | None = None  # baseline time / this time, same shape, dtype and device
     max_abs_error: float | None = None
     threads: int | None = None
+    weights: str | None = None  # a decode problem's weight format (q8_0, q4_0, bf16, float32); None: a matmul
+    memory_pct: float | None = None  # GB/s against the memory roof measured for its thread count (decode rows)
 
     @property
     def passed(self) -> bool:
@@ -59,19 +61,25 @@ class Results:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def row(self, implementation: str, shape, dtype: str = "float32") -> Row:
+    def row(self, implementation: str, shape, dtype: str = "float32", weights: str | None = None) -> Row:
         shape = str(parse_shape(shape))
         for row in self.rows:
-            if row.implementation == implementation and row.shape == shape and row.dtype == dtype_name(dtype):
+            if (row.implementation == implementation and row.shape == shape and row.dtype == dtype_name(dtype)
+                    and row.weights == weights):
                 return row
-        raise KeyError(f"no result for {implementation} at {shape} {dtype}")
+        raise KeyError(f"no result for {implementation} at {shape} {dtype}" + (f" with {weights} weights" if weights else ""))
+
+    @property
+    def decode(self) -> bool:
+        """Whether these are decode problems (quantized weights), whose tables show bandwidth."""
+        return any(row.weights for row in self.rows)
 
     # --- output -----------------------------------------------------------------------
     def ran(self) -> list[Row]:
         """Rows that ran (checked, passed or not), per shape the timed ones first."""
-        shapes = list(dict.fromkeys((row.shape, row.dtype) for row in self.rows))
+        problems = list(dict.fromkeys((row.shape, row.dtype, row.weights) for row in self.rows))
         ran = [row for row in self.rows if not row.status.startswith(("skipped", "unavailable"))]
-        return sorted(ran, key=lambda row: (shapes.index((row.shape, row.dtype)), not row.timed))
+        return sorted(ran, key=lambda row: (problems.index((row.shape, row.dtype, row.weights)), not row.timed))
 
     # --- output: the table (render.py), the plot (plotting.py), JSON and CSV ------------------
     def table(self, width: int = 100):
@@ -139,7 +147,8 @@ def finite_or_null(value):
 
 
 def fill_speedups(rows: list[Row]) -> None:
-    """Each timed row's speed against its device's baseline at the same shape and dtype."""
+    """Each timed row's speed against its device's baseline at the same shape and dtype (for a
+    decode row: against the baseline's float32 product at that shape, what quantizing buys)."""
     from .registry import REGISTRY
 
     baseline_names = {impl.name for impl in REGISTRY.values() if impl.baseline}
