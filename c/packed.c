@@ -40,12 +40,11 @@
  *                           first pass, and packing it (and A) costs more than it saves. Rows
  *                           of C are finished strip by strip, left to right, so C is written
  *                           contiguously: for small K, where writing C is most of the work,
- *                           this is three times faster than the loop nest's usual block order
- *                           (4096 x 4096 x 16 float32, one thread: 7 ms against 21). Past a
- *                           few dozen rows of B over many tiles the nest's packed sliver wins
- *                           (DIRECT_MAX_K gives the measured crossovers); past B = 1 MiB
- *                           (half of this Xeon's L2) the direct path loses everywhere
- *                           (4096 x 4096 x 64 float64, B = 2 MiB: 31 GFLOP/s against 41).
+ *                           this is several times faster than the loop nest's usual block
+ *                           order. Past a few dozen rows of B over many tiles the nest's
+ *                           packed sliver wins (DIRECT_MAX_K gives the crossovers); past half
+ *                           of L2 the direct path loses everywhere. `harness.get("c.packed",
+ *                           path="direct" | "nest")` measures either on any shape.
  *   everything else         the loop nest above. When M fits in one A block (M <= MC) no B
  *                           panel is reused by a second A block, so the panel is sized for L2
  *                           instead of L3 (NC from L2): packed, it is read back from L2, not
@@ -460,8 +459,7 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
     /* Small K: a C tile is written after only K steps of FMAs, so writing C is a large part
      * of the work. Then run each A block row strip by row strip (loops 1 and 2 swapped), so
      * that C is written contiguously along its rows, and size the B panel to stay in L2,
-     * where every strip reads it back. 4096 x 4096 x 64 float64, one thread: 56 ms against
-     * 67; x 128: 109 against 117 (AVX-512 Xeon, 2 MiB L2). */
+     * where every strip reads it back (python -m harness blas-grid measures the small-K shapes). */
     job.rows_first = K <= job.blk.kc / 2;
     if (block_m <= job.blk.mc || job.rows_first) {
         /* One A block per thread (each B panel is used by that block alone), or rows first:
@@ -474,10 +472,9 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
         /* A few rows of A: each element of B is used by so few FMAs that the pass over B is
          * the work. Pack B in panels of whole rows (each row of B read in one contiguous
          * stream rather than in NC-wide pieces, each a new stream for the prefetcher), with
-         * KC shortened so that the panel still fits in half of L2. 8 x 4096 x 4096, one
-         * thread, medians of 21: float64 24.4 ms against 28.1, float32 12.1 against 13.9;
-         * from M = 24 on it loses (float64 35.2 ms against 31.9). KC depends on the shape
-         * here, never on the thread count. */
+         * KC shortened so that the panel still fits in half of L2. It wins up to
+         * STREAM_B_MAX_M rows and loses beyond (the small-M shapes of blas-grid). KC depends on
+         * the shape here, never on the thread count. */
         const int64_t es = (int64_t)sizeof(real), half_l2 = packed_cache_sizes().l2 / 2;
         job.blk.kc = max_i64(16, min_i64(job.blk.kc, half_l2 / (N * es) / 8 * 8));
         job.blk.nc = max_i64(job.blk.nr, min_i64(round_up(N, job.blk.nr), half_l2 / (job.blk.kc * es) / job.blk.nr * job.blk.nr));

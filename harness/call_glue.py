@@ -17,9 +17,8 @@ declaration (alternatives under ``#if``).
 cffi can call the library two ways. ``ffi.dlopen`` ("ABI mode") needs nothing but the shared
 library, but every call goes through libffi's generic argument marshalling. A module that cffi
 generates as C source and that is compiled with the declarations ("API mode") calls each function
-directly; on a 2-core Xeon a call of matmul_packed_path_f32 took 0.8 us instead of 1.8, and each
-``ffi.from_buffer`` 0.5 instead of 0.8: about 2 us of the 3 a 64^3 product's call used to cost
-on top of its 4 us kernel.
+directly, with a fraction of the overhead per call and per ``ffi.from_buffer``: at 64^3 that
+overhead is as long as the kernel (``pytest --benchmark-only -k call_overhead`` measures it).
 
 CMakeLists.txt runs this file as a script to write the module's C source (it imports nothing
 from the harness, so it runs before the package is installed), compiles it against the library

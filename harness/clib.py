@@ -16,7 +16,7 @@ for and which of them this CPU lacks (c/build_isa.c); a library built for anothe
 refused with an error that names them, never run into an illegal instruction.
 
 The library is called through the compiled call glue built beside it (call_glue.py: cffi's
-API mode, about 2 us less per call), or, where that could not be built, through
+API mode, cheaper per call), or, where that could not be built, through
 ``ffi.dlopen``; ``call_mode()`` says which.
 """
 from __future__ import annotations

@@ -27,9 +27,9 @@ _SUFFIX = {"float32": "f32", "float64": "f64"}
 
 # An output of at least this many bytes is allocated to start on a cache line (64 bytes).
 # NumPy's large arrays start 16 bytes past one, so each 64-byte row piece of C that an
-# AVX-512 micro-kernel loads and stores would straddle two lines. c.packed, one thread,
-# float64 (medians of 9, interleaved): 1024^3 13% faster aligned, 4096 x 4096 x 16 28%, 512^3
-# 7%; at 256^3 and below about 1%, less than the 2 us the aligned allocation costs a 128^3.
+# AVX-512 micro-kernel loads and stores would straddle two lines: aligned, c.packed is faster
+# by a tenth or more from 512^3 up, and below about 256^3 the gain is less than the aligned
+# allocation costs, hence the threshold.
 ALIGNED_OUTPUT_BYTES = 1 << 20
 CACHE_LINE = 64
 
