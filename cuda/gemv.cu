@@ -18,7 +18,8 @@
 // would do better there. The chapter's point stands: a real decode GEMV is quantization
 // (fewer bytes) plus this kind of streaming.
 //
-// Launch: block (ROWS_PER_BLOCK * 32) = 256 threads, grid (ceil(N / ROWS_PER_BLOCK)).
+// Launch (read by the harness: harness/backends/cuda/plans.py): ROWS_PER_BLOCK warps, a row each:
+// @launch gemv grid (cdiv(N, ROWS_PER_BLOCK)) block (ROWS_PER_BLOCK * 32) args (A, B, C, N, K) static_shared 0
 
 #include <cuda_bf16.h>
 

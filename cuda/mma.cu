@@ -51,7 +51,10 @@
 //    per SM hide the rest.
 //  - Tensor-core rounding: products are exact in FP32 and sums FP32, as in wmma.cu.
 //
-// Launch: block (128), grid (ceil(M/128) * ceil(N/128)) (1-D: grouped ordering).
+// Launch (read by the harness: harness/backends/cuda/plans.py), a 1-D grid for the grouped
+// ordering:
+// @launch mma grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)) block (THREADS) args (A, B, C, M, N, K)
+//         static_shared STAGES * (A_STAGE_BYTES + B_STAGE_BYTES)
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

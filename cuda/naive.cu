@@ -10,7 +10,8 @@
 // elements of B (one coalesced access) and the same element of A (a broadcast); swapping x and
 // y would make every B load a separate, strided transaction.
 //
-// Launch (harness/backends/cuda.py): block (16, 16), grid (ceil(N/16), ceil(M/16)).
+// Launch (read by the harness: harness/backends/cuda/plans.py), a 16 x 16 block:
+// @launch naive grid (cdiv(N, 16), cdiv(M, 16)) block (16, 16) args (A, B, C, M, N, K) static_shared 0
 
 extern "C" __global__ void naive_f32(const float* __restrict__ A, const float* __restrict__ B,
                                      float* __restrict__ C, int M, int N, int K)

@@ -22,8 +22,12 @@
 // Caveat: this is SIMT FP32: tensor cores are not used (see wmma.cu). cuBLAS's FP32 SGEMM is
 // the yardstick: PyTorch's TF32 switch is turned off for the comparison.
 //
-// Launch: 2x2 - block (16, 16), grid (ceil(N/32), ceil(M/32)).
-//         8x8 - block (256), grid (ceil(M/BLOCK_M) * ceil(N/BLOCK_N)) (1-D: grouped ordering).
+// Launch (read by the harness: harness/backends/cuda/plans.py); the 8x8 grid is 1-D, for the
+// grouped ordering:
+// @launch register_tiled_2x2 grid (cdiv(N, 2 * T2), cdiv(M, 2 * T2)) block (T2, T2) args (A, B, C, M, N, K)
+//         static_shared (2 * T2 * T2 + T2 * 2 * T2) * 4
+// @launch register_tiled grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)) block (THREADS) args (A, B, C, M, N, K)
+//         static_shared 2 * (BLOCK_K * (BLOCK_M + A_PAD) + BLOCK_K * BLOCK_N) * 4
 
 // ---- step 1: the 2x2 exercise --------------------------------------------------------------
 #define T2 16  // threads per side of the block; each thread computes 2x2, so the block covers 32x32

@@ -19,7 +19,9 @@
 // Bank conflicts: As[ty][k] is one word for a whole half-warp (a broadcast) and Bs[k][tx] is 16
 // consecutive words, so neither read conflicts and no padding is needed.
 //
-// Launch: block (TILE, TILE), grid (ceil(N/TILE), ceil(M/TILE)).
+// Launch (read by the harness: harness/backends/cuda/plans.py):
+// @launch tiled grid (cdiv(N, TILE), cdiv(M, TILE)) block (TILE, TILE) args (A, B, C, M, N, K)
+//         static_shared 2 * TILE * TILE * 4
 
 #define TILE 16
 

@@ -56,8 +56,13 @@
 //  - H200 goals, measured with scripts/gpu_check.sh when a GPU is available: BF16 at 4096^3 and
 //    8192^3, at least 80% of cuBLAS (stretch 100%).
 //
-// Launch: block (384), grid (min(#SMs, tiles)), dynamic shared memory SHARED_BYTES;
-// arguments: the tensor maps of A ([M, K], box 64 x 128) and B ([K, N], box 64 x 64), C, M, N, K.
+// Launch (read by the harness: harness/backends/cuda/plans.py): a persistent grid, at most one
+// block per SM; the tensor maps of A ([M, K], boxes of 128 rows x 64 k) and B ([K, N], boxes of
+// 64 k x 64 n), then C, M, N, K; the ring in dynamic shared memory (the static is 0):
+// @launch wgmma grid (max(1, min(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SMS))) block (THREADS)
+//         args (tensor_map(A, M, K, BLOCK_M, BLOCK_K), tensor_map(B, K, N, BLOCK_K, 64), C, M, N, K)
+//         shared SHARED_BYTES static_shared 0
+// @archs sm_90a
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -50,7 +50,11 @@
 //    registers) and a BF16 one 8 (4 registers): the layouts differ. The CPU emulation, which
 //    has no PTX, loads the BF16 fragments with load_matrix_sync, which means the same.
 //
-// Launch: block (128), grid (ceil(M/128) * ceil(N/128)) (1-D: grouped ordering).
+// Launch (read by the harness: harness/backends/cuda/plans.py), a 1-D grid for the grouped
+// ordering; static shared memory: the padded double-buffered tiles, then one 16 x 16 staging
+// tile of floats per warp:
+// @launch wmma grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)) block (THREADS) args (A, B, C, M, N, K)
+//         static_shared 2 * (BLOCK_M * A_LD + BLOCK_K * B_LD) * 2 + WARPS_M * WARPS_N * 16 * 16 * 4
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

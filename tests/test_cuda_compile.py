@@ -13,19 +13,19 @@ import re
 import pytest
 
 import harness
-from harness.backends import cuda
+from harness.backends.cuda import emulation, plans, resources, toolkit
 from harness import sources
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(cuda.nvcc() is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda)")
+pytestmark = pytest.mark.skipif(toolkit.nvcc() is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda)")
 
 STATIC_SHARED_LIMIT = 48 * 1024  # beyond this a kernel would need dynamic shared memory and an opt-in
 
 
-@pytest.mark.parametrize("source, arch", [(s, a) for s in cuda.CUDA_SOURCES for a in cuda.archs_for(s)])
+@pytest.mark.parametrize("source, arch", [(s, a) for s in toolkit.cuda_sources() for a in toolkit.archs_for(s)])
 def test_compiles_without_spills(source, arch):
-    kernels, log = cuda.compile_with_ptxas(source, arch)
-    expected = cuda.kernel_names(source_path(source).read_text())
+    kernels, log = resources.compile_with_ptxas(source, arch)
+    expected = emulation.kernel_names(source_path(source).read_text())
     assert sorted(k.kernel for k in kernels) == sorted(expected), log
     for k in kernels:
         assert not k.spills, f"{k.kernel} spills registers on {arch}: {k.spill_stores} B stored, {k.spill_loads} B loaded\n{log}"
@@ -36,9 +36,9 @@ def test_compiles_without_spills(source, arch):
 def test_wgmma_is_for_sm_90a_only():
     """wgmma, TMA and setmaxnreg exist only in the architecture-specific sm_90a target: plain
     sm_90 refuses them, and a GPU other than sm_90 is told so instead of getting a broken build."""
-    assert cuda.archs_for("cuda/wgmma.cu") == ("sm_90a",)
+    assert toolkit.archs_for("cuda/wgmma.cu") == ("sm_90a",)
     with pytest.raises(RuntimeError, match="sm_90a|wgmma|setmaxnreg"):
-        cuda.compile_with_ptxas("cuda/wgmma.cu", "sm_90")
+        resources.compile_with_ptxas("cuda/wgmma.cu", "sm_90")
     from harness.backends.cuda.toolkit import native_arch
 
     assert native_arch("cuda/wgmma.cu", "sm_90") == "sm_90a"
@@ -50,11 +50,11 @@ def test_wgmma_is_for_sm_90a_only():
 def test_wgmma_fits_the_register_split_and_dynamic_shared_memory():
     """384 threads at launch get 65536 / 384 -> 168 registers; setmaxnreg then moves them from the
     producer (40) to the consumers (232). The ring lives in dynamic shared memory."""
-    kernels, log = cuda.compile_with_ptxas("cuda/wgmma.cu", "sm_90a")
+    kernels, log = resources.compile_with_ptxas("cuda/wgmma.cu", "sm_90a")
     for k in kernels:
         assert k.registers <= 168 and not k.spills, log
         assert k.shared_bytes == 0, log
-    launch = cuda.plan("wgmma", "bfloat16", 4096, 4096, 4096, sms=132)
+    launch = plans.plan("wgmma", "bfloat16", 4096, 4096, 4096, sms=132)
     assert launch.grid == (132, 1, 1) and launch.block == (384, 1, 1)
     assert 192 * 1024 < launch.shared_bytes <= 227 * 1024  # H100/H200: at most 227 KiB per block
 
@@ -62,10 +62,10 @@ def test_wgmma_fits_the_register_split_and_dynamic_shared_memory():
 def test_every_planned_kernel_exists():
     """The launches the harness plans name kernels that the sources define."""
     for impl in harness.implementations("cuda.*"):
-        names = cuda.kernel_names(source_path(impl.source).read_text())
+        names = emulation.kernel_names(source_path(impl.source).read_text())
         for dtype in impl.dtypes:
             m = 1 if impl.operation == "gemv" else 64
-            launch = cuda.plan(impl.backend.technique, dtype, m, 64, 64)
+            launch = plans.plan(impl.backend.technique, dtype, m, 64, 64)
             assert launch.kernel in names, f"{impl.name} plans {launch.kernel}, not in {impl.source}"
             assert len(launch.signature) == len(launch.args)
 
@@ -76,7 +76,7 @@ def test_compile_error_is_reported(tmp_path, monkeypatch):
     broken.write_text('extern "C" __global__ void broken(float* x) { x[0] = undeclared; }\n')
     monkeypatch.setattr(sources, "sources_root", lambda: tmp_path)
     with pytest.raises(RuntimeError, match="undeclared"):
-        cuda.compile_with_ptxas("cuda/broken.cu", "sm_90")
+        resources.compile_with_ptxas("cuda/broken.cu", "sm_90")
 
 
 def test_parse_ptxas():
@@ -85,7 +85,7 @@ ptxas info    : Function properties for k
     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
 ptxas info    : Used 40 registers, used 1 barriers, 4096 bytes smem
 """
-    (k,) = cuda.parse_ptxas(log, "cuda/x.cu", "sm_90")
+    (k,) = resources.parse_ptxas(log, "cuda/x.cu", "sm_90")
     assert (k.registers, k.shared_bytes, k.stack_bytes, k.spills) == (40, 4096, 8, True)
 
 
@@ -94,38 +94,26 @@ def test_cuda_info_command(capsys):
 
     assert main(["cuda-info", "--arch", "sm_90"]) == 0
     out = capsys.readouterr().out
-    for source in cuda.CUDA_SOURCES:
-        for name in cuda.kernel_names(source_path(source).read_text()):
+    for source in toolkit.cuda_sources():
+        for name in emulation.kernel_names(source_path(source).read_text()):
             assert name in out
     assert "regs/thread" in out and "smem/block" in out
 
 
-# Static shared memory per block, as each file's header states it: a lost padding row or a
-# dropped stage (a performance bug, invisible to any check of the results) changes it.
-STATIC_SHARED_BYTES = {
-    "naive_f32": 0,
-    "tiled_f32": 2 * 16 * 16 * 4,                                   # As, Bs: 16 x 16 floats
-    "register_tiled_2x2_f32": (32 * 16 + 16 * 32) * 4,              # As [32][16], Bs [16][32]
-    "register_tiled_f32": 2 * (8 * (128 + 4) + 8 * 128) * 4,        # double-buffered, A rows padded by 4
-    "wmma_bf16": 2 * (128 * (32 + 8) + 32 * (128 + 8)) * 2 + 4 * 16 * 16 * 4,  # padded by 8 halves + staging
-    "wmma_f16": 2 * (128 * (32 + 8) + 32 * (128 + 8)) * 2 + 4 * 16 * 16 * 4,
-    "mma_bf16": 3 * (128 * 32 + 32 * 128) * 2,                      # 3 stages, swizzled (no padding)
-    "mma_f16": 3 * (128 * 32 + 32 * 128) * 2,
-    "wgmma_bf16": 0,                                                # its ring is dynamic shared memory
-    "wgmma_f16": 0,
-    "gemv_bf16": 0,
-    "gemv_f32": 0,
-}
-
-
-@pytest.mark.parametrize("source, arch", [(s, a) for s in cuda.CUDA_SOURCES for a in cuda.archs_for(s)])
+# Static shared memory per block, as each file's `@launch ... static_shared` states it, from the
+# file's own tile constants: a lost padding row or a dropped stage (a performance bug, invisible
+# to any check of the results) changes what ptxas reports, not what the header says.
+@pytest.mark.parametrize("source, arch", [(s, a) for s in toolkit.cuda_sources() for a in toolkit.archs_for(s)])
 def test_static_shared_memory_is_what_each_header_states(source, arch):
-    kernels, log = cuda.compile_with_ptxas(source, arch)
+    kernels, log = resources.compile_with_ptxas(source, arch)
+    declared = {spec.technique: spec for spec in plans.launch_specs().values() if spec.source == source}
     for k in kernels:
-        assert k.kernel in STATIC_SHARED_BYTES, f"{k.kernel}: add its shared memory to STATIC_SHARED_BYTES"
-        assert k.shared_bytes == STATIC_SHARED_BYTES[k.kernel], (
-            f"{k.kernel} on {arch} uses {k.shared_bytes} B of static shared memory, its header says "
-            f"{STATIC_SHARED_BYTES[k.kernel]}\n{log}")
+        (technique,) = [t for t in declared if k.kernel.rsplit("_", 1)[0] == t] or [None]
+        assert technique, f"{k.kernel}: {source} declares no `@launch` for it"
+        stated = plans.static_shared_bytes(technique)
+        assert stated is not None, f"{source}: add `static_shared <bytes>` to `@launch {technique}`"
+        assert k.shared_bytes == stated, (
+            f"{k.kernel} on {arch} uses {k.shared_bytes} B of static shared memory, its header says {stated}\n{log}")
 
 
 def _sass_or_skip(source: str, arch: str) -> dict:

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import harness
-from harness.backends import cuda
+from harness.backends.cuda import emulation, loaders, plans
 from harness.inputs import Shape
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(cuda.emulation_unavailable_reason() is not None,
-                                reason=str(cuda.emulation_unavailable_reason()))
+pytestmark = pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None,
+                                reason=str(emulation.emulation_unavailable_reason()))
 
 EDGE = [1, 2, 7, 15, 16, 17, 33, 63, 64, 65, 127, 128, 129]
 GEMM_SHAPES = [Shape(s, s, s) for s in EDGE] + [
@@ -32,7 +32,7 @@ GEMV_SHAPES = [Shape(1, n, k) for n, k in [(1, 1), (7, 15), (64, 64), (130, 70),
 
 @pytest.fixture
 def emulate(monkeypatch):
-    monkeypatch.setenv(cuda.EMULATE_ENV, "1")
+    monkeypatch.setenv(emulation.EMULATE_ENV, "1")
 
 
 def _cases():
@@ -63,8 +63,8 @@ def test_unaligned_inputs_take_the_scalar_path(emulate):
     shape = Shape(40, 64, 32)
     a, b = harness.make_inputs(shape, "float32", seed=4)
     impl = harness.lookup("cuda.register_tiled")
-    library = cuda.emulated_library(impl.source)
-    launch = cuda.plan("register_tiled", "float32", *shape)
+    library = emulation.emulated_library(impl.source)
+    launch = plans.plan("register_tiled", "float32", *shape)
     raw = [np.zeros(x.size + 1, dtype=np.float32) for x in (a, b, np.empty((40, 64)))]
     views = [r[1:] if r.ctypes.data % 16 == 0 else r[:-1] for r in raw]  # 4 bytes off a 16-byte boundary
     views[0][:] = a.ravel()
@@ -89,12 +89,12 @@ def test_too_big_for_the_emulator_is_refused(emulate, monkeypatch):
 
 
 def test_unavailable_without_gpu_or_emulation(monkeypatch):
-    monkeypatch.delenv(cuda.EMULATE_ENV, raising=False)
-    if cuda.native_unavailable_reason() is None:
+    monkeypatch.delenv(emulation.EMULATE_ENV, raising=False)
+    if loaders.native_unavailable_reason() is None:
         pytest.skip("a GPU and pycuda are present: the native path is available")
     for impl in harness.implementations("cuda.*"):
         reason = impl.unavailable_reason()
-        assert reason and cuda.EMULATE_ENV in reason
+        assert reason and emulation.EMULATE_ENV in reason
         with pytest.raises(harness.UnavailableError):
             harness.get(impl.name)(*harness.make_inputs(Shape(1, 16, 16), impl.dtypes[0]))
 
@@ -105,11 +105,11 @@ def test_missing_barrier_gives_wrong_results():
     source = (source_path("cuda/tiled.cu")).read_text()
     parts = source.split("__syncthreads();")
     assert len(parts) == 3, "tiled.cu should have exactly two barriers"
-    library = cuda.EmulatedLibrary(cuda.build_emulation("cuda/tiled.cu", source_text=parts[0] + "__syncthreads();" + parts[1] + parts[2], tag="nosync2"))
+    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/tiled.cu", source_text=parts[0] + "__syncthreads();" + parts[1] + parts[2], tag="nosync2"))
     shape = Shape(32, 32, 48)
     a, b = harness.make_inputs(shape, "float32", seed=5)
     c = np.zeros((32, 32), dtype=np.float32)
-    library.launch(cuda.plan("tiled", "float32", *shape), {"A": a.ctypes.data, "B": b.ctypes.data, "C": c.ctypes.data})
+    library.launch(plans.plan("tiled", "float32", *shape), {"A": a.ctypes.data, "B": b.ctypes.data, "C": c.ctypes.data})
     assert not harness.check(c, a, b).passed
 
 
@@ -122,22 +122,22 @@ extern "C" __global__ void divergent(float* x, int n)
     if (threadIdx.x < n) x[threadIdx.x] = 1.f;
 }
 '''
-    library = cuda.EmulatedLibrary(cuda.build_emulation("cuda/tiled.cu", source_text=source, tag="divergent"))
+    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/tiled.cu", source_text=source, tag="divergent"))
     x = np.zeros(64, dtype=np.float32)
-    launch = cuda.Launch("divergent", (1, 1, 1), (64, 1, 1), ("A", 64), "Pi")
+    launch = plans.Launch("divergent", (1, 1, 1), (64, 1, 1), ("A", 64), "Pi")
     with pytest.raises(RuntimeError, match="deadlock"):
         library.launch(launch, {"A": x.ctypes.data})
 
 
 def _emulated_variant(relative: str, technique: str, dtype: str, shape: Shape, text: str, tag: str):
     """Whether ``text`` (a variant of ``relative``) computes the right product at ``shape``."""
-    library = cuda.EmulatedLibrary(cuda.build_emulation(relative, source_text=text, tag=tag))
+    library = emulation.EmulatedLibrary(emulation.build_emulation(relative, source_text=text, tag=tag))
     a, b = harness.make_inputs(shape, dtype, seed=5)
     operation = "gemv" if technique == "gemv" else "gemm"
-    buffers, out_shape = cuda.kernel_buffers(operation, a, b, technique)
-    buffers = {name: cuda.emulation._aligned_copy(array) for name, array in buffers.items()}
-    buffers["C"] = cuda.emulation._aligned_copy(np.full(out_shape, np.nan, dtype=a.dtype))
-    library.launch(cuda.plan(technique, dtype, *shape), {name: x.ctypes.data for name, x in buffers.items()})
+    buffers, out_shape = plans.kernel_buffers(operation, a, b, technique)
+    buffers = {name: emulation._aligned_copy(array) for name, array in buffers.items()}
+    buffers["C"] = emulation._aligned_copy(np.full(out_shape, np.nan, dtype=a.dtype))
+    library.launch(plans.plan(technique, dtype, *shape), {name: x.ctypes.data for name, x in buffers.items()})
     return harness.check(buffers["C"].reshape(shape.m, shape.n), a, b).passed
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 import harness
-from harness.backends import cuda
+from harness.backends.cuda import emulation, loaders
 from harness.inputs import Shape
 
-_reason = cuda.native_unavailable_reason()
+_reason = loaders.native_unavailable_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_reason is not None, reason=str(_reason))]
 
 EDGE = [1, 2, 7, 16, 17, 33, 64, 65, 127, 128, 129, 255, 256, 257]
@@ -21,19 +21,19 @@ GEMM_SHAPES = [Shape(s, s, s) for s in EDGE] + [Shape(1, 64, 33), Shape(33, 65, 
                                                  Shape(100, 130, 70), Shape(130, 136, 72), Shape(1000, 520, 264),
                                                  Shape(513, 1031, 777)]
 GEMV_SHAPES = [Shape(1, n, k) for n, k in [(1, 1), (7, 15), (130, 70), (33, 257), (4096, 4096), (1000, 4104), (5, 16392)]]
-INSTALLED_LOADERS = [name for name in cuda.LOADERS if cuda.loaders.loader_unavailable_reason(name) is None]
+INSTALLED_LOADERS = [name for name in loaders.LOADERS if loaders.loader_unavailable_reason(name) is None]
 
 
 @pytest.fixture(autouse=True)
 def native(monkeypatch):
-    monkeypatch.delenv(cuda.EMULATE_ENV, raising=False)
+    monkeypatch.delenv(emulation.EMULATE_ENV, raising=False)
 
 
 @pytest.fixture(params=INSTALLED_LOADERS or ["none"])
 def loader(request, monkeypatch):
     if request.param == "none":
         pytest.skip("no CUDA kernel loader is installed")
-    monkeypatch.setenv(cuda.LOADER_ENV, request.param)
+    monkeypatch.setenv(loaders.LOADER_ENV, request.param)
     return request.param
 
 
@@ -66,7 +66,7 @@ def test_loader_shares_torch_context(loader):
     x = torch.ones(4, 4, device="cuda")
     y = torch.eye(4, device="cuda")
     out = torch.full((4, 4), float("nan"), device="cuda")
-    launch = cuda.native_function("cuda/naive.cu", "naive_f32", "PPPiii")
+    launch = loaders.native_function("cuda/naive.cu", "naive_f32", "PPPiii")
     launch((1, 1, 1), (16, 16, 1), [x.data_ptr(), y.data_ptr(), out.data_ptr(), 4, 4, 4])
     torch.cuda.synchronize()
     assert torch.equal(out, x)

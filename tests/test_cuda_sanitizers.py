@@ -22,11 +22,11 @@ import subprocess
 
 import pytest
 
-from harness.backends import cuda
+from harness.backends.cuda import emulation, plans
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(cuda.emulation_unavailable_reason() is not None,
-                                reason=str(cuda.emulation_unavailable_reason()))
+pytestmark = pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None,
+                                reason=str(emulation.emulation_unavailable_reason()))
 
 SHAPE = (32, 32, 40)  # 2 x 2 blocks of 256 threads, 3 phases along K (the last one partial)
 DRIVER = '#include "selfcheck.h"\n'
@@ -38,7 +38,7 @@ def _tiled_source() -> str:
 
 def _program(relative: str, sanitize: str | None, text: str, driver: str, tag: str, variant: str = "threads"):
     try:
-        return cuda.build_emulation(relative, variant=variant, sanitize=sanitize, source_text=text, main=driver,
+        return emulation.build_emulation(relative, variant=variant, sanitize=sanitize, source_text=text, main=driver,
                                     executable=True, tag=tag)
     except RuntimeError as error:
         if re.search(r"cannot find -l(t|a)san|libtsan|libasan", str(error)):
@@ -57,7 +57,7 @@ def _execute(command: list[str], landing: str = "wait", timeout: int = 300, watc
 
 def _run(sanitize: str, text: str, tag: str) -> subprocess.CompletedProcess:
     program = _program("cuda/tiled.cu", sanitize, text, DRIVER, tag)
-    launch = cuda.plan("tiled", "float32", *SHAPE)
+    launch = plans.plan("tiled", "float32", *SHAPE)
     return _execute([str(program), launch.kernel, *map(str, SHAPE), *map(str, launch.grid), *map(str, launch.block)])
 
 
@@ -126,7 +126,7 @@ def _asan_command(technique: str, dtype: str, shape, text: str | None = None, ta
     relative = "cuda/" + ("register_tiled" if technique.startswith("register_tiled") else technique) + ".cu"
     source = source_path(relative).read_text() if text is None else text
     m, n, k = shape
-    launch = cuda.plan(technique, dtype, m, n, k)
+    launch = plans.plan(technique, dtype, m, n, k)
     if technique == "gemv":
         program = _program(relative, "address", source, '#include "selfcheck_gemv.h"\n', tag)
         return [str(program), launch.kernel, _SUFFIX[dtype], str(n), str(k), str(launch.grid[0]), str(launch.block[0])]
@@ -167,7 +167,7 @@ def _mma_source() -> str:
 def _run_mma(sanitize: str | None, text: str, tag: str, variant: str = "threads",
              landing: str = "wait") -> subprocess.CompletedProcess:
     program = _program("cuda/mma.cu", sanitize, text, MMA_DRIVER, tag, variant)
-    launch = cuda.plan("mma", "bfloat16", *MMA_SHAPE)
+    launch = plans.plan("mma", "bfloat16", *MMA_SHAPE)
     return _execute([str(program), launch.kernel, "bf16", *map(str, MMA_SHAPE), *map(str, launch.grid),
                      *map(str, launch.block)], landing)
 
@@ -234,8 +234,8 @@ def _wgmma_source() -> str:
 def _run_wgmma(sanitize: str | None, text: str, tag: str, variant: str = "threads", timeout: int = 300,
                landing: str = "wait", watchdog: float | None = None) -> subprocess.CompletedProcess:
     program = _program("cuda/wgmma.cu", sanitize, text, WGMMA_DRIVER, tag, variant)
-    launch = cuda.plan("wgmma", "bfloat16", *WGMMA_SHAPE)
-    assert launch.grid[0] == 3 and (cuda.cdiv(WGMMA_SHAPE[0], 128) * cuda.cdiv(WGMMA_SHAPE[1], 256)) % 3 != 0
+    launch = plans.plan("wgmma", "bfloat16", *WGMMA_SHAPE)
+    assert launch.grid[0] == 3 and (plans.cdiv(WGMMA_SHAPE[0], 128) * plans.cdiv(WGMMA_SHAPE[1], 256)) % 3 != 0
     a_map, b_map = launch.args[:2]
     command = [str(program), launch.kernel, "bf16", *map(str, WGMMA_SHAPE), str(launch.grid[0]), str(launch.block[0]),
                *map(str, (a_map.box_rows, a_map.box_cols, b_map.box_rows, b_map.box_cols))]

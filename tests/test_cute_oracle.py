@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.backends import cuda
+from harness.backends.cuda import emulation, plans
 from harness.backends.cuda import toolkit
 from harness.sources import source_path
 
@@ -48,7 +48,7 @@ def _unavailable() -> str | None:
         return "CuTe needs the CUDA toolkit's headers (cuda_runtime_api.h, libcu++) and none were found"
     if not shutil.which("g++"):
         return "g++ is not on PATH"
-    return cuda.emulation_unavailable_reason()
+    return emulation.emulation_unavailable_reason()
 
 
 pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable()))
@@ -198,12 +198,12 @@ def _kernel_expressions() -> dict[str, str]:
 
 @lru_cache(maxsize=None)
 def emulated_tables() -> dict:
-    library = cuda.EmulatedLibrary(cuda.build_emulation("cuda/wgmma.cu", source_text=PROBE % _kernel_expressions(),
+    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/wgmma.cu", source_text=PROBE % _kernel_expressions(),
                                                         tag="cute-oracle"))
     per_step = 4 + A_ROWS * 16 + 4 + B_COLS * 16
     out = np.zeros(CONSUMERS * KSTEPS * per_step, dtype=np.int64)
     shared = 1024 + 64 * 1024  # a stage and its alignment; the probe reads no memory
-    library.launch(cuda.Launch("descriptor_probe", (1, 1, 1), (1, 1, 1), ("A",), "P", shared), {"A": out.ctypes.data})
+    library.launch(plans.Launch("descriptor_probe", (1, 1, 1), (1, 1, 1), ("A",), "P", shared), {"A": out.ctypes.data})
     tables = {}
     for index, chunk in enumerate(out.reshape(CONSUMERS * KSTEPS, per_step)):
         consumer, kk = divmod(index, KSTEPS)
@@ -245,10 +245,10 @@ def test_cute_sees_a_wrong_stride_byte_offset():
     expressions = _kernel_expressions()
     wrong = {**expressions, "b_desc": expressions["b_desc"].replace(", 1024,", ", 2048,")}
     assert wrong["b_desc"] != expressions["b_desc"]
-    library = cuda.EmulatedLibrary(cuda.build_emulation("cuda/wgmma.cu", source_text=PROBE % wrong, tag="cute-oracle-wrong"))
+    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/wgmma.cu", source_text=PROBE % wrong, tag="cute-oracle-wrong"))
     per_step = 4 + A_ROWS * 16 + 4 + B_COLS * 16
     out = np.zeros(CONSUMERS * KSTEPS * per_step, dtype=np.int64)
-    library.launch(cuda.Launch("descriptor_probe", (1, 1, 1), (1, 1, 1), ("A",), "P", 1024 + 64 * 1024), {"A": out.ctypes.data})
+    library.launch(plans.Launch("descriptor_probe", (1, 1, 1), (1, 1, 1), ("A",), "P", 1024 + 64 * 1024), {"A": out.ctypes.data})
     b = out[:per_step][4 + A_ROWS * 16:]
     assert b[1] == 2048 and b[1] != cute_tables()[("desc", "B", 0, 0)][1]
     assert list(b[4:]) != cute_tables()[("elem", "B", 0, 0)]

@@ -191,3 +191,33 @@ def test_triton_check_mode_keeps_one_config_per_kernel(monkeypatch):
     assert matmul._accumulators_per_thread(fp32[0]) <= matmul.FP32_ACCUMULATORS
     tma = triton_kernels.load_source("triton/matmul_tma.py")
     assert "CHECK_MODE" in tma._autotuned_kernel.__code__.co_names  # read where the autotuner is built
+
+
+def test_every_cuda_technique_is_planned_from_its_own_source_and_every_source_is_found():
+    # The sources are found by globbing cuda/*.cu; each technique's launch is its .cu's `@launch`.
+    import harness
+    from harness.backends.cuda import plans
+
+    assert "cuda/wgmma.cu" in toolkit.cuda_sources() and toolkit.archs_for("cuda/wgmma.cu") == ("sm_90a",)
+    assert toolkit.archs_for("cuda/tiled.cu") == toolkit.ARCHS
+    specs = plans.launch_specs()
+    for impl in harness.implementations("cuda.*"):
+        assert specs[impl.backend.technique].source == impl.source, impl.name
+    launch = plans.plan("tiled", "float32", 33, 40, 7)  # TILE = 16 in cuda/tiled.cu
+    assert (launch.grid, launch.block, launch.args, launch.signature) == ((3, 3, 1), (16, 16, 1), ("A", "B", "C", 33, 40, 7), "PPPiii")
+
+
+def test_a_launch_declaration_that_cannot_be_read_says_where(tmp_path, monkeypatch):
+    from harness import sources
+    from harness.backends.cuda import plans
+
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cuda" / "one.cu").write_text("#define T 8 // tile\n// @launch one grid (cdiv(N, T)) block (T * 4) args (A, B, C, N, K)\n")
+    monkeypatch.setattr(sources, "sources_root", lambda: tmp_path)
+    assert plans.plan("one", "float32", 1, 17, 5).grid == (3, 1, 1)
+    (tmp_path / "cuda" / "two.cu").write_text("// @launch one grid (1) block (32) args (A, B, C, N, K)\n")
+    with pytest.raises(plans.LaunchDeclarationError, match="declared in both cuda/one.cu and cuda/two.cu"):
+        plans.plan("one", "float32", 1, 17, 5)
+    (tmp_path / "cuda" / "two.cu").write_text("// @launch two grid (cdiv(N, TILE)) block (32) args (A, B, C, N, K)\n")
+    with pytest.raises(plans.LaunchDeclarationError, match=r"cuda/two.cu: @launch two grid: TILE is not"):
+        plans.plan("two", "float32", 1, 17, 5)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import cuda
+from harness.backends.cuda import emulation
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "mutants.py"
@@ -46,7 +46,7 @@ def test_names_are_unique_and_the_fast_subset_covers_several_classes():
     assert 3 <= len(fast) <= 6 and len({m.kind for m in fast}) >= 2
 
 
-@pytest.mark.skipif(cuda.emulation_unavailable_reason() is not None, reason=str(cuda.emulation_unavailable_reason()))
+@pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason()))
 def test_the_fast_subset_is_caught():
     done = subprocess.run([sys.executable, str(SCRIPT), "--fast"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

@@ -105,11 +105,11 @@ def test_a_c_compile_error_shows_the_compiler_error_and_the_log(tmp_path, monkey
 
 
 def test_cuda_info_reports_what_compiles_and_names_what_does_not():
-    from harness.backends import cuda
+    from harness.backends.cuda import resources, toolkit
 
-    if cuda.nvcc() is None:
+    if toolkit.nvcc() is None:
         pytest.skip("nvcc not found")
-    text = cuda.resource_table(("sm_75",))
+    text = resources.resource_table(("sm_75",))
     assert "naive_f32" in text and "gemv_f32" in text
     assert "cuda/wmma.cu does not compile for sm_75" in text
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 import harness
-from harness.backends import cuda
+from harness.backends.cuda import emulation, plans
 from harness.inputs import Shape
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(cuda.emulation_unavailable_reason() is not None,
-                                reason=str(cuda.emulation_unavailable_reason()))
+pytestmark = pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None,
+                                reason=str(emulation.emulation_unavailable_reason()))
 
 LANES = np.arange(32)
 GROUP, THREAD_IN_GROUP = LANES // 4, LANES % 4   # groupID, threadID_in_group
@@ -131,7 +131,7 @@ extern "C" __global__ void probe_cp_async(const unsigned char* src, unsigned cha
 
 @pytest.fixture(scope="module")
 def probes():
-    return cuda.EmulatedLibrary(cuda.build_emulation("cuda/mma.cu", source_text=PROBES, tag="ptx-probes"))
+    return emulation.EmulatedLibrary(emulation.build_emulation("cuda/mma.cu", source_text=PROBES, tag="ptx-probes"))
 
 
 # ---- ldmatrix ------------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_ldmatrix_layout(probes, count, trans):
     rows = np.concatenate([rng.permutation(32)[: 8 * count], 32 + rng.integers(0, 8, 32 - 8 * count)]).astype(np.int32)
     out = np.zeros((32, 4), dtype=np.uint32)
     variant = {1: 0, 2: 1, 4: 2}[count] + (3 if trans else 0)
-    launch = cuda.Launch("probe_ldmatrix", (1, 1, 1), (32, 1, 1), ("T", "R", "O", variant), "PPPi")
+    launch = plans.Launch("probe_ldmatrix", (1, 1, 1), (32, 1, 1), ("T", "R", "O", variant), "PPPi")
     probes.launch(launch, {"T": tile.ctypes.data, "R": rows.ctypes.data, "O": out.ctypes.data})
     mismatches = []
     for lane in range(32):
@@ -172,7 +172,7 @@ def run_mma(probes, dtype, a, b, c) -> np.ndarray:
         for i in range(4):
             rc[lane, i] = c[c_position(lane, i)]
     d = np.full((32, 4), np.nan, dtype=np.float32)
-    launch = cuda.Launch("probe_mma", (1, 1, 1), (32, 1, 1), ("a", "b", "c", "d", int(dtype == "float16")), "PPPPi")
+    launch = plans.Launch("probe_mma", (1, 1, 1), (32, 1, 1), ("a", "b", "c", "d", int(dtype == "float16")), "PPPPi")
     probes.launch(launch, {"a": ra.ctypes.data, "b": rb.ctypes.data, "c": rc.ctypes.data, "d": d.ctypes.data})
     return unpack(d)
 
@@ -210,7 +210,7 @@ def test_mma_fragment_layouts_element_by_element(probes, dtype):
 def test_cp_async_lands_at_wait_group_with_zero_fill(probes):
     src = np.arange(1, 49, dtype=np.uint8)
     out = np.zeros(4 * 48, dtype=np.uint8)
-    launch = cuda.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi")
+    launch = plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi")
     probes.launch(launch, {"S": src.ctypes.data, "O": out.ctypes.data})
     untouched = np.full(16, 0xFF, np.uint8)
     group0 = src[:16]
@@ -230,7 +230,7 @@ def test_cp_async_lands_any_time_between_issue_and_wait_group(probes, monkeypatc
     monkeypatch.setenv("MATMUL_EMU_ASYNC", f"random:{seed}")
     src = np.arange(1, 49, dtype=np.uint8)
     out = np.zeros(4 * 48, dtype=np.uint8)
-    probes.launch(cuda.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
+    probes.launch(plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
                   {"S": src.ctypes.data, "O": out.ctypes.data})
     final = np.concatenate([src[:16], src[16:22], np.zeros(10, np.uint8), np.zeros(16, np.uint8)]).reshape(3, 16)
     snapshots = out.reshape(4, 3, 16)
@@ -247,7 +247,7 @@ def test_cp_async_random_landing_varies_with_the_seed(probes, monkeypatch):
     for seed in range(1, 9):
         monkeypatch.setenv("MATMUL_EMU_ASYNC", f"random:{seed}")
         out = np.zeros(4 * 48, dtype=np.uint8)
-        probes.launch(cuda.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
+        probes.launch(plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
                       {"S": np.arange(1, 49, dtype=np.uint8).ctypes.data, "O": out.ctypes.data})
         early.add(tuple(out.reshape(4, 3, 16)[0, :, 0] != 0xFF))  # which groups landed before any wait
     assert len(early) > 1, "every seed landed the copies at the same points"
@@ -257,7 +257,7 @@ def test_cp_async_lands_at_issue_when_asked(probes, monkeypatch):
     monkeypatch.setenv("MATMUL_EMU_ASYNC", "issue")
     src = np.arange(1, 49, dtype=np.uint8)
     out = np.zeros(4 * 48, dtype=np.uint8)
-    probes.launch(cuda.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
+    probes.launch(plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
                   {"S": src.ctypes.data, "O": out.ctypes.data})
     final = np.concatenate([src[:16], src[16:22], np.zeros(26, np.uint8)])
     np.testing.assert_array_equal(out.reshape(4, 48), np.stack([final] * 4))
@@ -285,11 +285,11 @@ def _aligned(array: np.ndarray) -> np.ndarray:
 
 
 def _run_variant(text: str, tag: str, dtype: str, shape: Shape) -> bool:
-    library = cuda.EmulatedLibrary(cuda.build_emulation("cuda/mma.cu", source_text=text, tag=tag))
+    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/mma.cu", source_text=text, tag=tag))
     a, b = harness.make_inputs(shape, dtype, seed=11)
     aa, bb = _aligned(a), _aligned(b)
     c = _aligned(np.full((shape.m, shape.n), np.nan, dtype=a.dtype))
-    library.launch(cuda.plan("mma", dtype, *shape), {"A": aa.ctypes.data, "B": bb.ctypes.data, "C": c.ctypes.data})
+    library.launch(plans.plan("mma", dtype, *shape), {"A": aa.ctypes.data, "B": bb.ctypes.data, "C": c.ctypes.data})
     return harness.check(c, a, b).passed
 
 
@@ -318,12 +318,12 @@ def test_mma_unaligned_inputs_do_not_use_cp_async(dtype):
     path: a cp.async from them would abort the emulation (the GPU faults on it)."""
     shape = Shape(40, 64, 32)
     a, b = harness.make_inputs(shape, dtype, seed=4)
-    library = cuda.emulated_library("cuda/mma.cu")
+    library = emulation.emulated_library("cuda/mma.cu")
     raw = [_aligned(np.zeros(x.size + 1, dtype=a.dtype)) for x in (a, b, np.empty((40, 64)))]
     views = [r[1:] for r in raw]  # 2 bytes past a 64-byte boundary
     views[0][:] = a.ravel()
     views[1][:] = b.ravel()
     views[2][:] = np.nan
-    library.launch(cuda.plan("mma", dtype, *shape),
+    library.launch(plans.plan("mma", dtype, *shape),
                    {"A": views[0].ctypes.data, "B": views[1].ctypes.data, "C": views[2].ctypes.data})
     assert harness.check(views[2].reshape(40, 64), a, b).passed

@@ -20,16 +20,15 @@ from pathlib import Path
 import pytest
 
 from harness import sass
-from harness.backends import cuda
+from harness.backends.cuda import resources, toolkit
 from harness.sources import source_path
 
 import triton_aot
 
-CUDA_SOURCES = sorted(f"cuda/{path.name}" for path in source_path("cuda").glob("*.cu"))
+CUDA_SOURCES = toolkit.cuda_sources()
 ARCHS = ("sm_80", "sm_90")
-# Sources for one architecture only (wgmma.cu: sm_90a, where wgmma, TMA and setmaxnreg exist).
-SOURCE_ARCHS = {"cuda/wgmma.cu": ("sm_90a",)}
-CUDA_BUILDS = [(source, arch) for source in CUDA_SOURCES for arch in SOURCE_ARCHS.get(source, ARCHS)]
+# A source for one architecture only says so (wgmma.cu: `// @archs sm_90a`).
+CUDA_BUILDS = [(source, arch) for source in CUDA_SOURCES for arch in toolkit.archs_for(source, ARCHS)]
 
 needs_nvcc_and_cuobjdump = pytest.mark.skipif(sass.unavailable_reason() is not None, reason=str(sass.unavailable_reason()))
 needs_cuobjdump = pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not found: " + str(sass.unavailable_reason()))
@@ -242,7 +241,7 @@ def test_wgmma_register_budget_balances_within_the_register_file():
     (inc,) = _template_arguments(text, "setmaxnreg_inc")
     needed = 128 * dec + 128 * consumers * inc
     assert needed <= REGISTER_FILE, f"setmaxnreg asks for {needed} registers per CTA; an SM has {REGISTER_FILE}"
-    kernels, _ = cuda.compile_with_ptxas("cuda/wgmma.cu", "sm_90a")
+    kernels, _ = resources.compile_with_ptxas("cuda/wgmma.cu", "sm_90a")
     for kernel in kernels:
         allocated = kernel.registers * threads
         assert dec <= kernel.registers <= inc, (kernel.kernel, kernel.registers, dec, inc)
@@ -286,7 +285,7 @@ def test_the_progress_build_keeps_the_register_budget_and_the_measured_build_has
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     progress = {k.kernel: k for k in resources.parse_ptxas(done.stdout + done.stderr, source, arch)}
-    measured = {k.kernel: k for k in cuda.compile_with_ptxas(source, arch)[0]}
+    measured = {k.kernel: k for k in resources.compile_with_ptxas(source, arch)[0]}
     assert progress.keys() == measured.keys()
     for name, kernel in progress.items():
         assert kernel.spill_stores == 0 and kernel.spill_loads == 0, kernel

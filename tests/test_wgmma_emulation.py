@@ -19,22 +19,22 @@ import numpy as np
 import pytest
 
 import harness
-from harness.backends import cuda
+from harness.backends.cuda import emulation, plans
 from harness.inputs import Shape
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(cuda.emulation_unavailable_reason() is not None,
-                                reason=str(cuda.emulation_unavailable_reason()))
+pytestmark = pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None,
+                                reason=str(emulation.emulation_unavailable_reason()))
 
 PRELUDE = '#include <cuda_bf16.h>\n#include "ptx.h"\n'
 
 
-def _library(text: str, tag: str) -> cuda.EmulatedLibrary:
-    return cuda.EmulatedLibrary(cuda.build_emulation("cuda/wgmma.cu", source_text=PRELUDE + text, tag=tag))
+def _library(text: str, tag: str) -> emulation.EmulatedLibrary:
+    return emulation.EmulatedLibrary(emulation.build_emulation("cuda/wgmma.cu", source_text=PRELUDE + text, tag=tag))
 
 
 def _aligned(array: np.ndarray) -> np.ndarray:
-    return cuda.emulation._aligned_copy(array)
+    return emulation._aligned_copy(array)
 
 
 # ---- descriptors ----------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def _isa_descriptor(address, lbo, sbo, mode):
 
 def test_descriptor_bit_layout():
     out = np.zeros(4, dtype=np.uint64)
-    _library(DESCRIPTOR_KERNEL, "descriptors").launch(cuda.Launch("descriptors", (1, 1, 1), (1, 1, 1), ("A",), "P"),
+    _library(DESCRIPTOR_KERNEL, "descriptors").launch(plans.Launch("descriptors", (1, 1, 1), (1, 1, 1), ("A",), "P"),
                                                       {"A": out.ctypes.data})
     expected = [_isa_descriptor(0x12340, 16, 1024, 1), _isa_descriptor(0x3fff0, 0x3fff0, 0x3fff0, 2),
                 _isa_descriptor(0x400, 8192, 1024, 3), _isa_descriptor(0x100, 128, 256, 0)]
@@ -85,12 +85,12 @@ ROWS, COLS = 20, 100  # the global matrix: rows of 200 bytes, pitch padded to 20
 def _tma(x, y, box_rows=16, box_cols=64):
     library = _library(TMA_KERNEL, "tma")
     matrix = (np.arange(ROWS)[:, None] * 1000 + np.arange(COLS)[None, :] + 1).astype(np.uint16)
-    pitched = _aligned(cuda.pitched(matrix))
+    pitched = _aligned(plans.pitched(matrix))
     assert pitched.strides[0] == 208
-    arg = cuda.TensorMapArg("A", ROWS, COLS, box_rows, box_cols)
+    arg = plans.TensorMapArg("A", ROWS, COLS, box_rows, box_cols)
     tensor_map = library.encode_tensor_map(arg, pitched.ctypes.data, pitched.strides[0], "bfloat16")
     out = np.zeros(box_rows * box_cols, dtype=np.uint16)
-    launch = cuda.Launch("tma_box", (1, 1, 1), (32, 1, 1), (arg, "O", x, y, out.nbytes), "TPiii")
+    launch = plans.Launch("tma_box", (1, 1, 1), (32, 1, 1), (arg, "O", x, y, out.nbytes), "TPiii")
     library.launch(launch, {"O": out.ctypes.data}, {"A": tensor_map})
     return matrix, out
 
@@ -119,13 +119,13 @@ def test_tma_box_is_swizzled_and_zero_filled(x, y):
 def test_tensor_map_encoder_refuses_what_the_driver_refuses():
     library = _library(TMA_KERNEL, "tma")
     buffer = _aligned(np.zeros((64, 128), dtype=np.uint16))
-    good = cuda.TensorMapArg("A", 64, 128, 64, 64)
+    good = plans.TensorMapArg("A", 64, 128, 64, 64)
     assert len(library.encode_tensor_map(good, buffer.ctypes.data, 256, "bfloat16")) == 128
     refusals = {
         "pitch not a multiple of 16 bytes": (good, buffer.ctypes.data, 250),
         "base not 16-byte aligned": (good, buffer.ctypes.data + 2, 256),
-        "box wider than the 128-byte swizzle": (cuda.TensorMapArg("A", 64, 128, 64, 128), buffer.ctypes.data, 256),
-        "box over 256 rows": (cuda.TensorMapArg("A", 512, 128, 512, 64), buffer.ctypes.data, 256),
+        "box wider than the 128-byte swizzle": (plans.TensorMapArg("A", 64, 128, 64, 128), buffer.ctypes.data, 256),
+        "box over 256 rows": (plans.TensorMapArg("A", 512, 128, 512, 64), buffer.ctypes.data, 256),
     }
     for why, (arg, address, pitch) in refusals.items():
         with pytest.raises(RuntimeError, match="refused"):
@@ -160,10 +160,10 @@ extern "C" __global__ void phases(const __grid_constant__ ptx::TensorMap map, in
 def test_mbarrier_phases_and_transaction_bytes():
     library = _library(PHASE_KERNEL, "phases")
     data = _aligned(np.arange(16, dtype=np.uint16).reshape(1, 16))
-    arg = cuda.TensorMapArg("A", 1, 16, 1, 16)
+    arg = plans.TensorMapArg("A", 1, 16, 1, 16)
     tensor_map = library.encode_tensor_map(arg, data.ctypes.data, 32, "bfloat16")
     out = np.full(8, -1, dtype=np.int32)
-    library.launch(cuda.Launch("phases", (1, 1, 1), (1, 1, 1), (arg, "O"), "TP"), {"O": out.ctypes.data}, {"A": tensor_map})
+    library.launch(plans.Launch("phases", (1, 1, 1), (1, 1, 1), (arg, "O"), "TP"), {"O": out.ctypes.data}, {"A": tensor_map})
     assert out.tolist() == [1, 0, 0, 0, 1, 0, 1, 0]
 
 
@@ -181,7 +181,7 @@ extern "C" __global__ void stuck(int* out)
 '''
     out = np.zeros(64, dtype=np.int32)
     with pytest.raises(RuntimeError, match="deadlock.*mbarrier"):
-        _library(text, "stuck").launch(cuda.Launch("stuck", (1, 1, 1), (64, 1, 1), ("O",), "P"), {"O": out.ctypes.data})
+        _library(text, "stuck").launch(plans.Launch("stuck", (1, 1, 1), (64, 1, 1), ("O",), "P"), {"O": out.ctypes.data})
 
 
 # ---- the wgmma accumulator fragment ------------------------------------------------------------------------
@@ -224,7 +224,7 @@ extern "C" __global__ void fragment(float* out)
 
 def test_wgmma_accumulator_fragment_layout():
     out = np.zeros((128, 128), dtype=np.float32)
-    _library(FRAGMENT_KERNEL, "fragment").launch(cuda.Launch("fragment", (1, 1, 1), (128, 1, 1), ("O",), "P"),
+    _library(FRAGMENT_KERNEL, "fragment").launch(plans.Launch("fragment", (1, 1, 1), (128, 1, 1), ("O",), "P"),
                                                  {"O": out.ctypes.data})
     t = np.arange(128)[:, None]
     i = np.arange(128)[None, :]
@@ -241,20 +241,20 @@ B_DESCRIPTOR = "ptx::wgmma_descriptor(b_stage + kk * 16 * 128, B_BOX_BYTES, 1024
 
 def _nan_padded(array: np.ndarray) -> np.ndarray:
     """cuda.pitched(array) with NaN instead of zeros in the padding: a kernel that reads it fails."""
-    padded = cuda.pitched(array).copy()
+    padded = plans.pitched(array).copy()
     padded[:, array.shape[1]:] = np.nan
     return padded
 
 
 def _run_wgmma(text: str, tag: str, shape: Shape, dtype: str = "bfloat16"):
-    library = cuda.EmulatedLibrary(cuda.build_emulation("cuda/wgmma.cu", source_text=text, tag=tag))
+    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/wgmma.cu", source_text=text, tag=tag))
     a, b = harness.make_inputs(shape, dtype, seed=7)
-    launch = cuda.plan("wgmma", dtype, *shape)
+    launch = plans.plan("wgmma", dtype, *shape)
     buffers = {"A": _aligned(_nan_padded(a)), "B": _aligned(_nan_padded(b)),
                "C": _aligned(np.full((shape.m, shape.n), np.nan, dtype=a.dtype))}
     pointers = {name: array.ctypes.data for name, array in buffers.items()}
     maps = {arg.buffer: library.encode_tensor_map(arg, pointers[arg.buffer], buffers[arg.buffer].strides[0], dtype)
-            for arg in launch.args if isinstance(arg, cuda.TensorMapArg)}
+            for arg in launch.args if isinstance(arg, plans.TensorMapArg)}
     library.launch(launch, pointers, maps)
     return harness.check(buffers["C"], a, b)
 
@@ -276,7 +276,7 @@ def test_persistent_blocks_walk_many_tiles(dtype):
     """9 tiles on EMULATED_SMS = 3 blocks, 5 K tiles each: every block's ring wraps its 4 stages
     several times and its barriers' phases carry over from tile to tile."""
     shape = Shape(300, 600, 264)
-    assert cuda.plan("wgmma", dtype, *shape).grid == (cuda.EMULATED_SMS, 1, 1) == (3, 1, 1)
+    assert plans.plan("wgmma", dtype, *shape).grid == (plans.EMULATED_SMS, 1, 1) == (3, 1, 1)
     outcome = _run_wgmma(source_path("cuda/wgmma.cu").read_text(), "", shape, dtype)
     assert outcome.passed, outcome.message
 
@@ -286,11 +286,11 @@ def test_unaligned_rows_are_padded_and_the_padding_never_read():
     them to 32 and 16 bytes, and the tensor map keeps the true sizes: the padding (NaN here) is
     never read."""
     a = np.arange(3 * 13, dtype=np.float32).reshape(3, 13).astype(ml_dtypes.bfloat16)
-    padded = cuda.pitched(a)
+    padded = plans.pitched(a)
     assert padded.shape == (3, 16) and padded.strides[0] == 32
     np.testing.assert_array_equal(padded[:, :13], a)
     aligned = np.zeros((4, 8), dtype=ml_dtypes.bfloat16)
-    assert cuda.pitched(aligned) is aligned
+    assert plans.pitched(aligned) is aligned
     outcome = _run_wgmma(source_path("cuda/wgmma.cu").read_text(), "", Shape(33, 5, 13))
     assert outcome.passed, outcome.message
 
@@ -305,8 +305,8 @@ def test_pipeline_is_right_whenever_the_copies_land(monkeypatch, landing):
     """TMA boxes land at the consumers' wait, at issue, or at random points in between: the
     intact kernel is right every time (a kernel that reads too early or refills too early is not)."""
     monkeypatch.setenv("MATMUL_EMU_ASYNC", landing)
-    tiles = cuda.cdiv(UNEVEN.m, 128) * cuda.cdiv(UNEVEN.n, 256)
-    assert tiles % cuda.plan("wgmma", "bfloat16", *UNEVEN).grid[0] != 0
+    tiles = plans.cdiv(UNEVEN.m, 128) * plans.cdiv(UNEVEN.n, 256)
+    assert tiles % plans.plan("wgmma", "bfloat16", *UNEVEN).grid[0] != 0
     outcome = _run_wgmma(source_path("cuda/wgmma.cu").read_text(), "", UNEVEN)
     assert outcome.passed, outcome.message
 
@@ -374,7 +374,7 @@ extern "C" __global__ void checks(float* out, int variant)
 
 def _checks(variant: int) -> np.ndarray:
     out = np.full((128, 128), -1.0, dtype=np.float32)
-    _library(CHECKS_KERNEL, "checks").launch(cuda.Launch("checks", (1, 1, 1), (128, 1, 1), ("O", variant), "Pi"),
+    _library(CHECKS_KERNEL, "checks").launch(plans.Launch("checks", (1, 1, 1), (128, 1, 1), ("O", variant), "Pi"),
                                              {"O": out.ctypes.data})
     return out
 

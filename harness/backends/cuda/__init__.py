@@ -1,12 +1,20 @@
 """Adapter for cuda/: the hand-written CUDA kernels, on a GPU or on the CPU emulation of CUDA.
 
-One module per concern:
+One module per concern, each the owner of its names (import them from there):
 
-- plans.py: the launch of each technique (kernel name, grid, block, arguments), written once;
-- toolkit.py: the CUDA toolkit's location and the nvcc compilation into a cubin;
+- plans.py: the launch of each technique (kernel name, grid, block, arguments), read from the
+  ``@launch`` declaration in its ``.cu`` file;
+- toolkit.py: the CUDA toolkit's location, the kernel sources (every ``cuda/*.cu``) and the
+  nvcc compilation into a cubin;
 - loaders.py: that cubin loaded and launched on a GPU, by PyCUDA or (fallback) CuPy;
 - emulation.py: the same ``.cu`` files compiled with g++ against cuda/emu/, on the CPU;
-- resources.py: registers, shared memory and spills per kernel, from ptxas.
+- resources.py: registers, shared memory and spills per kernel, from ptxas;
+- tensormap.py: the TMA tensor maps, encoded by the driver (or the emulation's stand-in).
+
+This package itself is the backend (``CudaBackend``) and the registration of the CUDA
+implementations; ``ARCHS`` and ``resource_table`` are kept here for ``python -m harness
+cuda-info``. A new technique is its ``.cu`` file (kernels plus ``@launch``) and its
+``register(...)`` at the end of this file.
 
 Which path runs:
 - native: a CUDA GPU visible to PyTorch and a loader (PyCUDA, else CuPy). Rows record which.
@@ -20,23 +28,13 @@ from ... import gpu
 from ...core import Implementation
 from ...registry import register
 from ...inputs import Shape, dtype_name
-from .emulation import (EMULATE_ENV, EmulatedLibrary, EmulatedPrepared, build_emulation, emulated_library,
-                        emulation_requested, emulation_unavailable_reason, kernel_names)
-from .loaders import (LOADER_ENV, LOADERS, NativePrepared, _device_arch, active_loader, native_function,
-                      native_unavailable_reason)
-from .plans import EMULATED_SMS, Launch, TensorMapArg, cdiv, kernel_buffers, pitched, plan
-from .resources import KernelResources, compile_with_ptxas, parse_ptxas, ptxas_report, resource_table
-from .tensormap import encode as encode_tensor_map
-from .toolkit import ARCHS, CUDA_SOURCES, NVCC_OPTIONS, SOURCE_ARCHS, archs_for, compile_cubin, cuda_root, nvcc
+from .emulation import EMULATE_ENV, EmulatedPrepared, emulated_library, emulation_requested, emulation_unavailable_reason
+from .loaders import NativePrepared, _device_arch, native_unavailable_reason
+from .plans import kernel_buffers, plan
+from .resources import resource_table
+from .toolkit import ARCHS
 
-__all__ = [
-    "ARCHS", "CUDA_SOURCES", "EMULATED_SMS", "EMULATE_ENV", "SOURCE_ARCHS", "TensorMapArg", "archs_for",
-    "encode_tensor_map", "pitched", "LOADERS", "LOADER_ENV", "NVCC_OPTIONS",
-    "CudaBackend", "EmulatedLibrary", "KernelResources", "Launch", "active_loader", "build_emulation", "cdiv",
-    "compile_cubin", "compile_with_ptxas", "cuda_root", "emulated_library", "emulation_requested",
-    "emulation_unavailable_reason", "kernel_names", "native_function", "native_unavailable_reason", "nvcc",
-    "parse_ptxas", "plan", "ptxas_report", "resource_table",
-]
+__all__ = ["ARCHS", "CudaBackend", "resource_table"]
 
 
 class CudaBackend:

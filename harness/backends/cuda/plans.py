@@ -3,13 +3,20 @@
 ``plan()`` turns a technique and a shape into a ``Launch``: the kernel's name, grid, block and
 argument list (buffers named "A", "B", "C", then the sizes). The GPU loaders (PyCUDA, CuPy)
 and the CPU emulation all launch exactly that, so the emulator runs the kernels the GPU runs,
-with the geometry the GPU gets, and geometry is written once.
+with the geometry the GPU gets. The geometry is written once, next to the kernel: each .cu
+file declares its launches (``@launch``, below) over its own tile constants.
 """
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+
+from ... import sources
+from . import toolkit
 
 
 @dataclass(frozen=True)
@@ -40,41 +47,170 @@ def cdiv(a: int, b: int) -> int:
 
 _SUFFIX = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
-
-# cuda/wgmma.cu: STAGES * (A 128 x 64 + B 64 x 256) * 2 bytes + 8 mbarriers + 1 KiB of alignment.
-WGMMA_SHARED_BYTES = 4 * (128 * 64 + 64 * 256) * 2 + 8 * 8 + 1024
 # The persistent kernel's grid in the emulation, where no GPU says how many SMs there are: small,
 # so that a block walks several tiles (and its barriers' phases carry on across tiles).
 EMULATED_SMS = 3
 
 
-def plan(technique: str, dtype: str, m: int, n: int, k: int, sms: int | None = None) -> Launch:
-    """The launch of ``technique`` for C [m, n] = A [m, k] @ B [k, n] (a GEMV: y [n] = W [n, k] x [k]).
+# ---- the launch declarations of cuda/*.cu -----------------------------------------------------
+#
+# Each kernel's launch is declared once, in its .cu file's header comment, in terms of that
+# file's own #defines, so the tile constants the kernel is compiled with are the ones its grid
+# is computed from:
+#
+#     // @launch tiled grid (cdiv(N, TILE), cdiv(M, TILE)) block (TILE, TILE) args (A, B, C, M, N, K)
+#     //         static_shared 2 * TILE * TILE * 4
+#
+# ``@launch <technique>`` then, on that line or on comment lines that start with one of them:
+# ``grid``, ``block`` (a tuple or one number; missing dimensions are 1), ``args`` (A, B, C name
+# buffers; anything else is an int, or ``tensor_map(buffer, rows, cols, box_rows, box_cols)``),
+# optionally ``shared`` (dynamic shared memory, bytes) and ``static_shared`` (what ptxas must
+# report for each of its kernels, checked by tests/test_cuda_compile.py). The kernels are
+# ``<technique>_<f32|bf16|f16>``. Expressions are integer arithmetic (+ - * /, where / divides
+# down as C's does) over M, N, K, SMS (the GPU's multiprocessors), the file's #defines and
+# cdiv, min, max.
 
-    Block shapes and tile sizes here must match the constants in the ``.cu`` file; the header
-    comment of each file states its launch. ``sms``: the GPU's multiprocessor count, which sizes
-    a persistent grid (``EMULATED_SMS`` when None).
+FIELDS = ("grid", "block", "args", "shared", "static_shared")
+BUFFERS = ("A", "B", "C")
+
+
+class LaunchDeclarationError(ValueError):
+    """A ``@launch`` line that cannot be read, or a technique declared twice."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    technique: str
+    source: str                # cuda/<file>.cu
+    fields: dict               # field name -> expression text
+    defines: dict              # the file's #define name -> expression text
+
+    def evaluate(self, field: str, names: dict):
+        return _evaluate(self.fields[field], names, self.defines, f"{self.source}: @launch {self.technique} {field}")
+
+
+def _dims(value) -> tuple[int, int, int]:
+    values = tuple(value) if isinstance(value, tuple) else (value,)
+    if not 1 <= len(values) <= 3 or not all(isinstance(v, int) for v in values):
+        raise LaunchDeclarationError(f"a grid or block is 1 to 3 integers, got {value!r}")
+    return (*values, *(1,) * (3 - len(values)))
+
+
+_FUNCTIONS = {"cdiv": lambda a, b: cdiv(a, b), "min": min, "max": max,
+              "tensor_map": lambda buffer, rows, cols, box_rows, box_cols: TensorMapArg(buffer, rows, cols, box_rows, box_cols)}
+
+
+def _evaluate(text: str, names: dict, defines: dict, where: str, depth: int = 0):
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Tuple):
+            return tuple(value(e) for e in node.elts)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.Name):
+            if node.id in names:
+                return names[node.id]
+            if node.id in BUFFERS:
+                return node.id
+            if node.id in defines and depth < 20:
+                return _evaluate(defines[node.id], names, defines, where, depth + 1)
+            raise LaunchDeclarationError(f"{where}: {node.id} is not M, N, K, SMS, A, B, C or a #define of the file")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS and not node.keywords:
+            return _FUNCTIONS[node.func.id](*(value(a) for a in node.args))
+        raise LaunchDeclarationError(f"{where}: cannot evaluate {ast.unparse(node)!r} (integer arithmetic, cdiv, min, max, tensor_map)")
+
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        raise LaunchDeclarationError(f"{where}: {text.strip()!r} is not an expression") from None
+    return value(tree.body)
+
+
+# C's integer arithmetic (both / and // divide toward zero, as C's / does on ints).
+def _c_divide(a: int, b: int) -> int:
+    quotient = abs(a) // abs(b)
+    return quotient if (a < 0) == (b < 0) else -quotient
+
+
+_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+              ast.Div: _c_divide, ast.FloorDiv: _c_divide}
+
+
+def _defines(text: str) -> dict:
+    found = {}
+    for name, body in re.findall(r"^\s*#define\s+(\w+)[ \t]+([^\n]*)", text, flags=re.M):
+        found.setdefault(name, re.sub(r"//.*|/\*.*?\*/", "", body).strip())
+    return found
+
+
+def launch_declarations(relative: str, text: str) -> list[LaunchSpec]:
+    """The ``@launch`` declarations of one .cu file's text."""
+    lines = [line.strip()[2:].strip() for line in text.splitlines() if line.strip().startswith("//")]
+    defines = _defines(text)
+    found, current = [], None
+    for line in lines:
+        head = line.split(None, 1)[0] if line else ""
+        if head == "@launch":
+            current = [line[len("@launch"):].strip()]
+            found.append(current)
+        elif current is not None and head in FIELDS:
+            current.append(line)
+        else:
+            current = None
+    specs = []
+    for parts in found:
+        technique, _, rest = " ".join(parts).partition(" ")
+        pieces = re.split(rf"(?:^|\s+)({'|'.join(FIELDS)})\s+", " " + rest)
+        fields = dict(zip(pieces[1::2], pieces[2::2]))
+        if not re.fullmatch(r"\w+", technique) or pieces[0].strip() or not {"grid", "block", "args"} <= set(fields):
+            raise LaunchDeclarationError(f"{relative}: `@launch {technique} ...` needs the technique's name, then "
+                                         "grid, block and args (and optionally shared, static_shared)")
+        specs.append(LaunchSpec(technique, relative, fields, defines))
+    return specs
+
+
+@lru_cache(maxsize=64)
+def _declarations_of(relative: str, text: str) -> tuple[LaunchSpec, ...]:
+    return tuple(launch_declarations(relative, text))
+
+
+def launch_specs() -> dict[str, LaunchSpec]:
+    """Every technique's launch declaration, from the .cu files of cuda/ (read on every call:
+    an edited file takes effect)."""
+    specs: dict[str, LaunchSpec] = {}
+    for relative in toolkit.cuda_sources():
+        for spec in _declarations_of(relative, sources.source_path(relative).read_text()):
+            if spec.technique in specs:
+                raise LaunchDeclarationError(f"@launch {spec.technique} is declared in both "
+                                             f"{specs[spec.technique].source} and {relative}")
+            specs[spec.technique] = spec
+    return specs
+
+
+def plan(technique: str, dtype: str, m: int, n: int, k: int, sms: int | None = None) -> Launch:
+    """The launch of ``technique`` for C [m, n] = A [m, k] @ B [k, n] (a GEMV: y [n] = W [n, k] x [k]),
+    as its ``.cu`` file declares it (``@launch``). ``sms``: the GPU's multiprocessor count, which
+    sizes a persistent grid (``EMULATED_SMS`` when None).
     """
-    suffix = _SUFFIX[dtype]
-    gemm = ("A", "B", "C", m, n, k)
-    if technique in ("naive", "tiled"):  # 16 x 16 threads, one output each
-        return Launch(f"{technique}_{suffix}", (cdiv(n, 16), cdiv(m, 16), 1), (16, 16, 1), gemm, "PPPiii")
-    if technique == "register_tiled_2x2":  # 16 x 16 threads, 2 x 2 outputs each: 32 x 32 per block
-        return Launch(f"register_tiled_2x2_{suffix}", (cdiv(n, 32), cdiv(m, 32), 1), (16, 16, 1), gemm, "PPPiii")
-    if technique == "register_tiled":  # 256 threads, 8 x 8 outputs each: 128 x 128 per block, 1-D grid
-        return Launch(f"register_tiled_{suffix}", (cdiv(m, 128) * cdiv(n, 128), 1, 1), (256, 1, 1), gemm, "PPPiii")
-    if technique == "wmma":  # 4 warps, 64 x 64 each: 128 x 128 per block, 1-D grid
-        return Launch(f"wmma_{suffix}", (cdiv(m, 128) * cdiv(n, 128), 1, 1), (128, 1, 1), gemm, "PPPiii")
-    if technique == "mma":  # 4 warps, 64 x 64 each: 128 x 128 per block, 1-D grid (as wmma)
-        return Launch(f"mma_{suffix}", (cdiv(m, 128) * cdiv(n, 128), 1, 1), (128, 1, 1), gemm, "PPPiii")
-    if technique == "wgmma":  # a producer and 2 consumer warp groups, 128 x 256 tiles, persistent grid
-        tiles = cdiv(m, 128) * cdiv(n, 256)
-        args = (TensorMapArg("A", m, k, 128, 64), TensorMapArg("B", k, n, 64, 64), "C", m, n, k)
-        return Launch(f"wgmma_{suffix}", (max(1, min(tiles, sms or EMULATED_SMS)), 1, 1), (384, 1, 1), args,
-                      "TTPiii", WGMMA_SHARED_BYTES)
-    if technique == "gemv":  # 8 warps, one row each
-        return Launch(f"gemv_{suffix}", (cdiv(n, 8), 1, 1), (256, 1, 1), ("A", "B", "C", n, k), "PPPii")
-    raise ValueError(f"unknown CUDA technique {technique!r}")
+    spec = launch_specs().get(technique)
+    if spec is None:
+        raise ValueError(f"unknown CUDA technique {technique!r}: no cuda/*.cu declares `@launch {technique}`")
+    names = {"M": m, "N": n, "K": k, "SMS": sms or EMULATED_SMS}
+    args = spec.evaluate("args", names)
+    args = args if isinstance(args, tuple) else (args,)
+    signature = "".join("T" if isinstance(a, TensorMapArg) else "P" if a in BUFFERS else "i" for a in args)
+    shared = spec.evaluate("shared", names) if "shared" in spec.fields else 0
+    return Launch(f"{technique}_{_SUFFIX[dtype]}", _dims(spec.evaluate("grid", names)),
+                  _dims(spec.evaluate("block", names)), args, signature, shared)
+
+
+def static_shared_bytes(technique: str) -> int | None:
+    """The static shared memory a technique's .cu says each of its kernels uses, if it says."""
+    spec = launch_specs()[technique]
+    return spec.evaluate("static_shared", {}) if "static_shared" in spec.fields else None
 
 
 def pitched(array: np.ndarray) -> np.ndarray:
@@ -97,6 +233,11 @@ def kernel_buffers(operation: str, a: np.ndarray, b: np.ndarray, technique: str 
     """
     if operation == "gemv":
         return {"A": np.ascontiguousarray(b.T), "B": np.ascontiguousarray(a.reshape(-1))}, (b.shape[1],)
-    if technique == "wgmma":  # TMA: row pitches in multiples of 16 bytes (cuda/wgmma.cu)
-        return {"A": pitched(a), "B": pitched(b)}, (a.shape[0], b.shape[1])
-    return {"A": a, "B": b}, (a.shape[0], b.shape[1])
+    inputs = {"A": a, "B": b}
+    if technique:  # an operand read through a tensor map (TMA): row pitches in multiples of 16 bytes
+        spec = launch_specs().get(technique)
+        args = spec.evaluate("args", {"M": a.shape[0], "N": b.shape[1], "K": a.shape[1], "SMS": EMULATED_SMS}) if spec else ()
+        for arg in args if isinstance(args, tuple) else (args,):
+            if isinstance(arg, TensorMapArg) and arg.buffer in inputs:
+                inputs[arg.buffer] = pitched(inputs[arg.buffer])
+    return inputs, (a.shape[0], b.shape[1])

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ... import sources
-from .toolkit import ARCHS, CUDA_SOURCES, archs_for, compile_cubin
+from .toolkit import ARCHS, archs_for, compile_cubin, cuda_sources
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,9 @@ def _jobs(files, archs) -> list[tuple[str, str]]:
     return jobs
 
 
-def ptxas_report(archs=ARCHS, files=CUDA_SOURCES) -> list[KernelResources]:
-    jobs = _jobs(files, archs)
+def ptxas_report(archs=ARCHS, files=None) -> list[KernelResources]:
+    """Resources of every kernel of ``files`` (default: every cuda/*.cu) for ``archs``."""
+    jobs = _jobs(cuda_sources() if files is None else files, archs)
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         results = list(pool.map(lambda job: compile_with_ptxas(*job)[0], jobs))
     return [k for kernels in results for k in kernels]
@@ -98,7 +99,7 @@ def resource_table(archs=ARCHS) -> str:
     """Text table of ``ptxas_report``: what ``python -m harness cuda-info`` prints. A file that
     does not compile for an architecture (BF16 tensor cores need sm_80) is listed below it
     with nvcc's first error, and the other files are still reported."""
-    jobs = _jobs(CUDA_SOURCES, archs)
+    jobs = _jobs(cuda_sources(), archs)
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         outcomes = list(pool.map(_try_compile, jobs))
     rows = [k for kernels, _ in outcomes for k in kernels]

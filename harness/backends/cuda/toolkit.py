@@ -21,22 +21,31 @@ from ... import files, sources
 NVCC_OPTIONS = ("-std=c++17", "-O3")
 ARCHS = ("sm_80", "sm_90")            # what the compile check builds for (BF16 WMMA needs sm_80)
 CONVENTIONAL_ROOT = "/usr/local/cuda"
-CUDA_SOURCES = ("cuda/naive.cu", "cuda/tiled.cu", "cuda/register_tiled.cu", "cuda/wmma.cu", "cuda/mma.cu",
-                "cuda/wgmma.cu", "cuda/gemv.cu")
-# Sources that exist for one architecture only: wgmma, TMA and setmaxnreg are in the
-# architecture-specific sm_90a target ("a": code that runs on sm_90 and on no later GPU).
-SOURCE_ARCHS = {"cuda/wgmma.cu": ("sm_90a",)}
+
+
+def cuda_sources() -> list[str]:
+    """Every kernel source, ``cuda/*.cu``, found rather than listed (a new file is compiled and
+    checked because it is there)."""
+    return sorted(f"cuda/{path.name}" for path in sources.source_path("cuda").glob("*.cu"))
+
+
+def source_archs(source: str) -> tuple[str, ...] | None:
+    """The architectures a source exists for, when it says so in its header comment, as in
+    ``// @archs sm_90a`` (wgmma, TMA and setmaxnreg are in the architecture-specific sm_90a
+    target: "a", code that runs on sm_90 and on no later GPU); None for every one from ARCHS."""
+    found = re.search(r"^\s*//\s*@archs\s+([\w ,]+)$", sources.source_path(source).read_text(), flags=re.M)
+    return tuple(found[1].replace(",", " ").split()) if found else None
 
 
 def archs_for(source: str, archs=ARCHS) -> tuple[str, ...]:
     """The architectures ``source`` is compiled for by the checks (``archs`` unless it has its own)."""
-    return SOURCE_ARCHS.get(source, tuple(archs))
+    return source_archs(source) or tuple(archs)
 
 
 def native_arch(source: str, device_arch: str) -> str:
     """What to compile ``source`` for on a GPU of ``device_arch`` (sm_90 -> sm_90a for wgmma.cu);
     raises RuntimeError when the source cannot run there."""
-    own = SOURCE_ARCHS.get(source)
+    own = source_archs(source)
     if own is None:
         return device_arch
     for arch in own:
