@@ -19,7 +19,7 @@ from harness import clib, sources
 
 # Set in the subprocess, so this file does not run itself again there.
 INNER_RUN = "MATMUL_SANITIZER_RUN"
-C_TESTS = ["test_c_packed.py", "test_c_kernels.py"]
+C_TESTS = ["test_c_packed.py", "test_c_kernels.py", "test_decode.py"]
 
 pytestmark = [
     pytest.mark.slow,

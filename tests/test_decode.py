@@ -2,6 +2,7 @@
 package (llama.cpp's Python reference), their refusals, and every decode implementation
 (python.decode, c.decode in each variant this CPU has) on the edge shapes against the float64
 product of X and the weights the format holds, with the same bits for every thread count."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,11 +25,13 @@ def _weights(n: int, k: int, seed: int = 0) -> np.ndarray:
     if k >= 64:
         w[0, 32:64] = 0
     w[-1, :32] = -np.abs(w[-1, :32])
-    w[n // 2, :2] = [3.0, -3.0]
+    if k >= 2:
+        w[n // 2, :2] = [3.0, -3.0]
     return w
 
 
 # ---- the formats ---------------------------------------------------------------------------------
+
 
 def _gguf():  # imported where used: the other tests need no gguf
     module = pytest.importorskip("gguf")
@@ -80,43 +83,53 @@ def test_dequantize_follows_the_layouts():
     block = np.zeros(34, np.uint8)
     block[:2] = np.frombuffer(np.float16(-0.25).tobytes(), np.uint8)
     block[2:] = np.arange(-16, 16, dtype=np.int8).view(np.uint8)
-    np.testing.assert_array_equal(quant.QuantizedWeights("q8_0", 1, 32, block).dequantize()[0],
-                                  -0.25 * np.arange(-16, 16))
+    np.testing.assert_array_equal(
+        quant.QuantizedWeights("q8_0", 1, 32, block).dequantize()[0], -0.25 * np.arange(-16, 16)
+    )
 
 
 def _packed(fmt, n=2, k=64):
     return quant.quantize(_weights(n, k), fmt)
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: quant.QuantizedWeights("q4_0", 2, 64, np.zeros(71, np.uint8)), "71 bytes, expected 72"),
-    (lambda: quant.QuantizedWeights("q8_0", 2, 64, np.zeros(136, np.int8)), "dtype uint8"),
-    (lambda: quant.QuantizedWeights("q8_0", 2, 64, np.zeros((2, 68), np.uint8)), "must be 1-D"),
-    (lambda: quant.QuantizedWeights("q8_0", 2, 64, bytes(136)), "NumPy uint8 array"),
-    (lambda: quant.QuantizedWeights("q8_0", 2, 48, np.zeros(102, np.uint8)), "K = 48 is not a multiple of the block size 32"),
-    (lambda: quant.QuantizedWeights("q8_0", -1, 64, np.zeros(0, np.uint8)), "N must be a non-negative integer"),
-    (lambda: quant.QuantizedWeights("q5_1", 2, 64, np.zeros(72, np.uint8)), "unknown weight format 'q5_1'"),
-    (lambda: quant.quantize(np.ones((2, 64), np.float32), "q3_k"), "unknown weight format 'q3_k'"),
-    (lambda: quant.quantize(np.ones((2, 48), np.float32), "q4_0"), "K = 48 is not a multiple of the block size 32"),
-    (lambda: quant.quantize(np.ones(64, np.float32), "q8_0"), "2-D W"),
-    (lambda: quant.quantize(np.ones((1, 2, 64), np.float32), "q8_0"), "2-D W"),
-    (lambda: quant.quantize([[1.0] * 32], "q8_0"), "NumPy array"),
-    (lambda: quant.quantize(np.full((1, 32), np.nan, np.float32), "q8_0"), r"infinite or NaN values .*\[0, 0\]"),
-    (lambda: quant.quantize(np.array([[1.0] * 31 + [np.inf]], np.float32), "bf16"), r"infinite or NaN .*\[0, 31\]"),
-    (lambda: quant.quantize(np.full((1, 32), 1e7, np.float32), "q4_0"), "beyond float16's range"),
-    (lambda: quant.quantize(np.full((1, 32), 1e9, np.float32), "q8_0"), "beyond float16's range"),
-    (lambda: quant.quantize(np.full((1, 2), 3.4e38, np.float32), "bf16"), "beyond bfloat16's range"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: quant.QuantizedWeights("q4_0", 2, 64, np.zeros(71, np.uint8)), "71 bytes, expected 72"),
+        (lambda: quant.QuantizedWeights("q8_0", 2, 64, np.zeros(136, np.int8)), "dtype uint8"),
+        (lambda: quant.QuantizedWeights("q8_0", 2, 64, np.zeros((2, 68), np.uint8)), "must be 1-D"),
+        (lambda: quant.QuantizedWeights("q8_0", 2, 64, bytes(136)), "NumPy uint8 array"),
+        (
+            lambda: quant.QuantizedWeights("q8_0", 2, 48, np.zeros(102, np.uint8)),
+            "K = 48 is not a multiple of the block size 32",
+        ),
+        (lambda: quant.QuantizedWeights("q8_0", -1, 64, np.zeros(0, np.uint8)), "N must be a non-negative integer"),
+        (lambda: quant.QuantizedWeights("q5_1", 2, 64, np.zeros(72, np.uint8)), "unknown weight format 'q5_1'"),
+        (lambda: quant.quantize(np.ones((2, 64), np.float32), "q3_k"), "unknown weight format 'q3_k'"),
+        (lambda: quant.quantize(np.ones((2, 48), np.float32), "q4_0"), "K = 48 is not a multiple of the block size 32"),
+        (lambda: quant.quantize(np.ones(64, np.float32), "q8_0"), "2-D W"),
+        (lambda: quant.quantize(np.ones((1, 2, 64), np.float32), "q8_0"), "2-D W"),
+        (lambda: quant.quantize([[1.0] * 32], "q8_0"), "NumPy array"),
+        (lambda: quant.quantize(np.full((1, 32), np.nan, np.float32), "q8_0"), r"infinite or NaN values .*\[0, 0\]"),
+        (lambda: quant.quantize(np.array([[1.0] * 31 + [np.inf]], np.float32), "bf16"), r"infinite or NaN .*\[0, 31\]"),
+        (lambda: quant.quantize(np.full((1, 32), 1e7, np.float32), "q4_0"), "beyond float16's range"),
+        (lambda: quant.quantize(np.full((1, 32), 1e9, np.float32), "q8_0"), "beyond float16's range"),
+        (lambda: quant.quantize(np.full((1, 2), 3.4e38, np.float32), "bf16"), "beyond bfloat16's range"),
+    ],
+)
 def test_bad_weights_are_refused_by_name(make, match):
     with pytest.raises(MatmulInputError, match=match):
         make()
 
 
-@pytest.mark.parametrize("fmt, byte, value, what", [
-    ("q8_0", 34 + 1, 0x7C, r"infinite or NaN, the first at row 0, block 1"),   # scale of block 1: +inf
-    ("q4_0", 18 * 2 + 1, 0x7E, r"infinite or NaN, the first at row 1, block 0"),  # row 1's scale: NaN
-    ("bf16", 2 * 70 + 1, 0x7F, r"weight\(s\) are infinite or NaN, the first at row 1, column 6"),
-])
+@pytest.mark.parametrize(
+    "fmt, byte, value, what",
+    [
+        ("q8_0", 34 + 1, 0x7C, r"infinite or NaN, the first at row 0, block 1"),  # scale of block 1: +inf
+        ("q4_0", 18 * 2 + 1, 0x7E, r"infinite or NaN, the first at row 1, block 0"),  # row 1's scale: NaN
+        ("bf16", 2 * 70 + 1, 0x7F, r"weight\(s\) are infinite or NaN, the first at row 1, column 6"),
+    ],
+)
 def test_infinite_or_nan_scales_are_refused_where_they_are(fmt, byte, value, what):
     data = _packed(fmt).data.copy()
     data[byte] = value
@@ -138,3 +151,154 @@ def test_weights_keep_a_read_only_view_and_never_change_the_callers_buffer():
     np.testing.assert_array_equal(data, before)
     with pytest.raises(AttributeError):
         w.n = 3  # frozen
+
+
+# ---- the implementations ---------------------------------------------------------------------
+
+from harness.backends import decode as decode_backend  # noqa: E402
+
+C_IMPL = harness.lookup("c.decode")
+_c_reason = C_IMPL.unavailable_reason()
+needs_c = pytest.mark.skipif(_c_reason is not None, reason=f"c.decode unavailable: {_c_reason}")
+
+
+def _variants() -> list[str]:
+    return decode_backend.decode_variants() if _c_reason is None else []
+
+
+def _activations(m: int, k: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32)
+
+
+def _run(name: str, x: np.ndarray, w: quant.QuantizedWeights, **options) -> np.ndarray:
+    """prepare / run / result, as the harness times it, with the inputs checked unchanged."""
+    impl = harness.lookup(name)
+    x_before, w_before = x.copy(), w.data.copy()
+    prepared = impl.backend.prepare(impl, x, w, {**impl.options, **options})
+    prepared.run()
+    y = prepared.result()
+    assert y.shape == (x.shape[0], w.n) and y.dtype == np.float32
+    np.testing.assert_array_equal(x, x_before)  # inputs are never modified
+    np.testing.assert_array_equal(w.data, w_before)
+    return y
+
+
+def _check(y, x, w, label):
+    outcome = check(y, x, w.dequantize().T)  # float64 of X times the weights the format holds
+    assert outcome.passed, f"{label}: {outcome.message}"
+
+
+EDGE_K = [32, 64, 96, 4128]
+EDGE_N = [1, 7, 33]
+EDGE_M = list(range(1, 18))
+BF16_K = [1, 31, 33, 5000]  # bf16 has no blocks: K ends in a partial step
+
+
+def _edge_weights(fmt):
+    ks = EDGE_K + (BF16_K if fmt == "bf16" else [])
+    return [(n, k, quant.quantize(_weights(n, k, seed=n + k), fmt)) for n in EDGE_N for k in ks]
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("variant", ["auto", *_variants()])
+def test_c_decode_on_the_edge_shapes(variant, fmt):
+    for n, k, w in _edge_weights(fmt):
+        x_all = _activations(max(EDGE_M), k, seed=k)
+        for m in EDGE_M:
+            x = x_all[:m]
+            _check(_run("c.decode", x, w, variant=variant, threads=1), x, w, f"c.decode {variant} {fmt} {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_python_decode_on_the_edge_shapes(fmt):
+    for n, k, w in _edge_weights(fmt):
+        x_all = _activations(17, k, seed=k)
+        for m in (1, 2, 17) if k < 4000 else (1, 17):
+            x = x_all[:m]
+            _check(_run("python.decode", x, w), x, w, f"python.decode {fmt} {m}x{n}x{k}")
+
+
+# Shapes big enough to be cut between two threads, through each of the kernels' paths: M = 1,
+# several rows of W at a time, 16 rows, a second pass of rows (17), and an X too large to stay
+# in L2 (K in pieces; on AVX2, rows 0..7 and 8..15 taking turns), with bf16's partial step.
+THREAD_SHAPES = [(1, 300, 4128), (3, 129, 4128), (16, 67, 2048), (17, 40, 1024), (9, 24, 8192), (16, 19, 16384)]
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("variant", _variants())
+def test_c_decode_gives_the_same_bits_for_every_thread_count(variant, fmt):
+    for m, n, k in THREAD_SHAPES:
+        k = k + 17 if fmt == "bf16" else k
+        w = quant.quantize(_weights(n, k, seed=m), fmt)
+        x = _activations(m, k, seed=n)
+        one = _run("c.decode", x, w, variant=variant, threads=1)
+        _check(one, x, w, f"c.decode {variant} {fmt} {m}x{n}x{k}")
+        for threads in (2, 3):
+            np.testing.assert_array_equal(
+                _run("c.decode", x, w, variant=variant, threads=threads),
+                one,
+                err_msg=f"{variant} {fmt} {m}x{n}x{k}: threads=1 and {threads} differ",
+            )
+
+
+@needs_c
+def test_c_decode_through_the_harness_call():
+    # harness.get(...)(x, w): validated, prepared, run; X need not be contiguous
+    w = quant.quantize(_weights(33, 256), "q4_0")
+    x = _activations(5, 512)[:, ::2]
+    y = harness.get("c.decode", threads=2)(x, w)
+    _check(y, np.ascontiguousarray(x), w, "c.decode through harness.get")
+    _check(harness.get("python.decode")(x, w), np.ascontiguousarray(x), w, "python.decode through harness.get")
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_c_decode_empty_shapes(fmt):
+    w = quant.quantize(np.zeros((3, 0), np.float32), fmt)
+    np.testing.assert_array_equal(_run("c.decode", _activations(2, 0), w), np.zeros((2, 3), np.float32))
+    w = quant.quantize(_weights(3, 64), fmt)
+    assert _run("c.decode", _activations(0, 64), w).shape == (0, 3)
+
+
+@needs_c
+def test_c_decode_refuses_bad_arguments_by_name():
+    w = quant.quantize(_weights(4, 64), "q8_0")
+    x = _activations(2, 64)
+    impl = C_IMPL
+    with pytest.raises(MatmulInputError, match="QuantizedWeights"):
+        impl.backend.prepare(impl, x, np.ones((64, 4), np.float32), impl.options)
+    with pytest.raises(MatmulInputError, match="float32 activations"):
+        impl.backend.prepare(impl, x.astype(np.float64), w, impl.options)
+    with pytest.raises(MatmulInputError, match="must equal W's K"):
+        impl.backend.prepare(impl, _activations(2, 32), w, impl.options)
+    with pytest.raises(MatmulInputError, match="2-D X"):
+        impl.backend.prepare(impl, x[0], w, impl.options)
+    with pytest.raises(ValueError, match="unknown variant 'avx1024'"):
+        impl.backend.prepare(impl, x, w, {"threads": 1, "variant": "avx1024"})
+    with pytest.raises(ValueError, match="threads must be an integer"):
+        impl.backend.prepare(impl, x, w, {"threads": 0, "variant": "auto"})
+    # the C function's own checks, mapped to messages
+    with pytest.raises(MatmulInputError, match="unknown weight format"):
+        decode_backend.check_decode_status("c.decode", 3)
+    with pytest.raises(MatmulInputError, match="multiple of the format's block"):
+        decode_backend.check_decode_status("c.decode", 4)
+    ffi, lib = decode_backend._library()
+    y = np.empty((2, 4), np.float32)
+    args = (ffi.from_buffer("float[]", x), ffi.from_buffer("uint8_t[]", w.data), ffi.from_buffer("float[]", y))
+    assert lib.matmul_decode_f32(*args, 2, 4, 64, 8, 1, 0) == 0
+    assert lib.matmul_decode_f32(*args, -1, 4, 64, 8, 1, 0) == 2  # negative dimension
+    assert lib.matmul_decode_f32(*args, 2, 4, 64, 3, 1, 0) == 3  # not a ggml type it takes
+    assert lib.matmul_decode_f32(*args, 2, 4, 48, 8, 1, 0) == 4  # K not a multiple of 32
+    assert lib.matmul_decode_f32(*args, 2, 4, 64, 8, 1, 99) == 1  # no such variant
+
+
+def test_unsupported_variants_are_refused_before_any_c_runs():
+    if _c_reason is not None:
+        pytest.skip(_c_reason)
+    missing = [v for v in ("avx2", "avx512") if v not in _variants()]
+    if not missing:
+        pytest.skip("this CPU runs every variant")
+    with pytest.raises(harness.UnavailableError, match="cannot run on this CPU"):
+        decode_backend.decode_variant(missing[0])

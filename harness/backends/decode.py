@@ -1,0 +1,225 @@
+"""Adapter for the decode GEMV: Y [M, N] = X [M, K] @ W^T with W [N, K] quantized (quant.py).
+
+The problem's B is a ``quant.QuantizedWeights`` of W, not a float matrix: ``prepare(impl, a,
+b, options)`` takes ``a`` = X [M, K] float32 and ``b`` = the weights, made once outside the
+timed region; ``run()`` is the product alone; ``result()`` is Y [M, N] float32. Check it
+against the float64 product of X and ``b.dequantize()`` (exact: see quant.py), with the
+ordinary float32 error model: the implementations here dequantize the weights exactly and
+only their float32 sums round.
+
+    python.decode   python/decode.py: the readable NumPy model, block by block
+    c.decode        c/decode.c: SIMD dequantize-in-registers, M = 1..16 per pass over W, threads
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import clib
+from ..core import BrokenError, Implementation, MatmulInputError, UnavailableError
+from ..quant import FORMATS, QuantizedWeights
+from ..registry import register
+from ..sources import load_python_source
+
+WEIGHTS = ("q8_0", "q4_0", "bf16")
+
+# c/decode.h's numbers.
+DECODE_VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+_DECODE_ERRORS = {
+    1: "the variant cannot run on this CPU or build",
+    2: "a dimension is negative",
+    3: "unknown weight format",
+    4: "K is not a multiple of the format's block size",
+    5: "the packed copy of X could not be allocated (out of memory)",
+}
+
+
+def decode_inputs(impl: Implementation, a, b) -> tuple[np.ndarray, QuantizedWeights]:
+    """X as a C-contiguous float32 [M, K] array (a copy only where needed; the caller's array is
+    never changed) and the weights, or a MatmulInputError that says what is wrong."""
+    if not isinstance(b, QuantizedWeights):
+        raise MatmulInputError(
+            f"{impl.name} takes W as harness.quant.QuantizedWeights (quant.quantize(w, format)), got {type(b).__name__}"
+        )
+    if b.format not in impl.weights:
+        raise MatmulInputError(f"{impl.name} does not take {b.format} weights (it takes {', '.join(impl.weights)})")
+    if not isinstance(a, np.ndarray) or isinstance(a, np.ma.MaskedArray):
+        raise MatmulInputError(f"{impl.name} expects X as a plain NumPy array, got {type(a).__name__}")
+    if a.ndim != 2:
+        raise MatmulInputError(f"{impl.name} expects a 2-D X [M, K], got a {a.ndim}-D array of shape {a.shape}")
+    if a.dtype != np.float32:
+        raise MatmulInputError(f"{impl.name} takes float32 activations X, got {a.dtype}")
+    if a.shape[1] != b.k:
+        raise MatmulInputError(
+            f"X is {a.shape} and W is {b.shape} (N, K): X's columns ({a.shape[1]}) must equal W's K ({b.k})"
+        )
+    return np.require(a, np.float32, ["C_CONTIGUOUS", "ALIGNED"]), b
+
+
+# ---- python.decode ---------------------------------------------------------------------------
+
+
+class _PythonPrepared:
+    mode = "native"
+
+    def __init__(self, function, x, w):
+        self.function, self.x, self.w = function, x, w
+        self.y = None
+
+    def run(self) -> None:
+        self.y = self.function(self.x, self.w.format, self.w.n, self.w.k, self.w.data)
+
+    def result(self) -> np.ndarray:
+        return self.y
+
+
+class PythonDecodeBackend:
+    """Calls python/decode.py's ``decode(x, format, n, k, data)``."""
+
+    def unavailable_reason(self, impl):
+        return None
+
+    def prepare(self, impl, a, b, options):
+        x, w = decode_inputs(impl, a, b)
+        return _PythonPrepared(load_python_source(impl.source).decode, x, w)
+
+
+# ---- c.decode --------------------------------------------------------------------------------
+
+
+def _library():
+    try:
+        ffi, lib = clib.load()
+    except clib.CLibraryError as error:
+        raise BrokenError(str(error).splitlines()[0]) from None
+    if not hasattr(lib, "matmul_decode_f32"):
+        raise BrokenError("the C library lacks matmul_decode_f32 (c/decode.c): it is not a build of these sources")
+    return ffi, lib
+
+
+def decode_variants() -> list[str]:
+    """The variants of c.decode this CPU can run, best last ("portable" always)."""
+    _, lib = _library()
+    return [
+        name
+        for name, number in DECODE_VARIANTS.items()
+        if name != "auto" and lib.matmul_decode_variant_supported(number)
+    ]
+
+
+def decode_variant(variant: str = "auto") -> str:
+    """The variant ``variant`` runs as here ("auto" resolved), or UnavailableError."""
+    if variant not in DECODE_VARIANTS:
+        raise ValueError(f"c.decode: unknown variant {variant!r}; choose one of {', '.join(DECODE_VARIANTS)}")
+    _, lib = _library()
+    number = lib.matmul_decode_resolve_variant(DECODE_VARIANTS[variant])
+    if number < 0:
+        raise UnavailableError(
+            f"c.decode: variant {variant!r} cannot run on this CPU (it supports: {', '.join(decode_variants())}); "
+            "choose one of those or variant='auto'"
+        )
+    return next(name for name, n in DECODE_VARIANTS.items() if n == number)
+
+
+def _threads(impl, options) -> int:
+    threads = options.get("threads")
+    if threads is None:
+        try:
+            return len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return os.cpu_count() or 1
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"{impl.name}: threads must be an integer >= 1 (or None for every core), got {threads!r}")
+    return int(threads)
+
+
+def check_decode_status(name: str, code: int) -> None:
+    if code:
+        raise (MatmulInputError if code in (2, 3, 4) else RuntimeError)(
+            f"{name} failed (code {code}): {_DECODE_ERRORS.get(code, 'unknown error')}"
+        )
+
+
+class _CPrepared:
+    mode = "native"
+
+    def __init__(self, name, function, ffi, x, w, threads, variant):
+        self.name = name
+        self.x, self.w = x, w  # kept alive while C holds pointers into them
+        self.y = np.empty((x.shape[0], w.n), np.float32)
+        self.function = function
+        self.args = (
+            ffi.from_buffer("float[]", x),
+            ffi.from_buffer("uint8_t[]", w.data),
+            ffi.from_buffer("float[]", self.y),
+            x.shape[0],
+            w.n,
+            w.k,
+            FORMATS[w.format].ggml_type,
+            threads,
+            variant,
+        )
+
+    def run(self) -> None:
+        check_decode_status(self.name, self.function(*self.args))
+
+    def result(self) -> np.ndarray:
+        return self.y.copy()
+
+
+class CDecodeBackend:
+    """``matmul_decode_f32(X, W, Y, M, N, K, format, threads, variant)`` (c/decode.c)."""
+
+    # the library functions it calls, all defined in c/decode.c
+    functions = ("matmul_decode_f32", "matmul_decode_variant_supported", "matmul_decode_resolve_variant")
+
+    def __init__(self, function: str = "matmul_decode_f32"):
+        self.function = function
+
+    def unavailable_reason(self, impl):
+        _library()
+        return None
+
+    def prepare(self, impl, a, b, options):
+        x, w = decode_inputs(impl, a, b)
+        threads = _threads(impl, options)
+        variant = options.get("variant", "auto")
+        decode_variant(variant)  # an unknown or unsupported variant fails here, before any C runs
+        ffi, lib = _library()
+        return _CPrepared(impl.name, getattr(lib, self.function), ffi, x, w, threads, DECODE_VARIANTS[variant])
+
+
+# Pure Python over NumPy blocks: about a microsecond per 32 weights and activation row (a few
+# tens of MFLOP/s), so 1 x 4096 x 4096 takes seconds.
+PYTHON_DECODE_RATE = 2e7
+
+register(
+    Implementation(
+        name="python.decode",
+        language="python",
+        device="cpu",
+        dtypes=("float32",),
+        weights=WEIGHTS,
+        summary="decode, Y = X W^T with W in ggml's q8_0 / q4_0 / bf16: block by block in NumPy (the model)",
+        backend=PythonDecodeBackend(),
+        source="python/decode.py",
+        max_flops=2 * 16 * 4096 * 4096,
+        slow_rate=PYTHON_DECODE_RATE,
+    )
+)
+register(
+    Implementation(
+        name="c.decode",
+        language="c",
+        device="cpu",
+        dtypes=("float32",),
+        weights=WEIGHTS,
+        summary="decode: each block of W dequantized in SIMD registers, FMA'd into M = 1..16 rows of X, threads",
+        backend=CDecodeBackend(),
+        source="c/decode.c",
+        options={"threads": None, "variant": "auto"},
+        threaded=True,
+    )
+)
