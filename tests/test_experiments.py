@@ -150,3 +150,16 @@ def test_the_contract_check_can_fail():
     incomplete = types.SimpleNamespace(NAME="x", TITLE="t", DURATION="d", add_arguments=print, run=print,
                                        summarize=print)  # no findings()
     assert not isinstance(incomplete, Experiment)
+
+
+def test_decode_sweeps_bytes_and_batch(tmp_path):
+    from harness.experiments import decode
+
+    data = decode.run(tmp_path, shapes=["1x64x256"], batches=[1, 2, 4], batch_shape="64x256", threads=[1],
+                      min_time=0.01)
+    assert (tmp_path / "decode.json").is_file() and (tmp_path / "decode.png").is_file()
+    rows = [r for r in data["rows"] if r["implementation"] in decode.OURS]
+    assert {r.get("weights") for r in rows if r["sweep"] == "bytes"} == set(decode.FORMATS)
+    assert all(r["status"] == "ok" for r in rows)
+    assert {r["m"] for r in data["rows"] if r["sweep"] == "batch"} == {1, 2, 4}
+    assert "memory roof" in decode.summarize(data)

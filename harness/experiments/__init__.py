@@ -32,10 +32,11 @@ class Experiment(Protocol):
         """What it found, in a few lines for the terminal."""
 
 
-from . import association, blas_grid, comparison, gemv_bandwidth, loads, loop_orders, roofline, tile_quantization, tile_sweep
+from . import (association, blas_grid, comparison, decode, gemv_bandwidth, loads, loop_orders, roofline,
+               tile_quantization, tile_sweep)
 
 EXPERIMENTS = {
     module.NAME: module
     for module in (comparison, loads, loop_orders, tile_sweep, tile_quantization, association, roofline, gemv_bandwidth,
-                   blas_grid)
+                   blas_grid, decode)
 }
