@@ -302,3 +302,95 @@ def test_unsupported_variants_are_refused_before_any_c_runs():
         pytest.skip("this CPU runs every variant")
     with pytest.raises(harness.UnavailableError, match="cannot run on this CPU"):
         decode_backend.decode_variant(missing[0])
+
+
+# ---- c.decode_int8: X quantized to q8_0, integer dot products (not registered) ------------------
+
+INT8 = decode_backend.INT8_IMPLEMENTATION
+
+
+def _int8_variants() -> list[str]:
+    return decode_backend.decode_variants("matmul_decode_int8") if _c_reason is None else []
+
+
+def _run_int8(x, w, **options):
+    x_before, w_before = x.copy(), w.data.copy()
+    prepared = INT8.backend.prepare(INT8, x, w, {**INT8.options, **options})
+    prepared.run()
+    y = prepared.result()
+    np.testing.assert_array_equal(x, x_before)
+    np.testing.assert_array_equal(w.data, w_before)
+    return y
+
+
+def _check_int8(y, x, w, label):
+    # 1. against the float64 product of the activations it multiplied (X in q8_0) and W: the
+    #    ordinary float32 error model (the integer block sums are exact)
+    xq = decode_backend.quantized_activations(x)
+    _check(y, xq, w, label)
+    # 2. against the exact product of X and W: X's rounding moves each activation by at most
+    #    d_x / 2 (half a step of its block's grid, d_x = its scale), so each output by at most
+    #    sum over blocks of d_x / 2 * sum of |w| over the block, plus the float32 error
+    exact = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
+    m, k = x.shape
+    d_x = quant.quantize(np.ascontiguousarray(x), "q8_0").scales().astype(np.float64)  # [M, K / 32]
+    abs_w = np.abs(w.dequantize().astype(np.float64)).reshape(w.n, k // 32, 32).sum(axis=-1)  # [N, K / 32]
+    bound = (d_x / 2) @ abs_w.T
+    from harness.checking import reference_data, tolerance
+
+    ref = reference_data(xq, w.dequantize().T)
+    allowed = bound + tolerance("float32", k, ref.product, ref.terms_norm)
+    error = np.abs(y - exact)
+    assert (error <= allowed).all(), f"{label}: {int((error > allowed).sum())} outputs past X's rounding bound"
+    return float((error / np.maximum(allowed, 1e-300)).max())
+
+
+@needs_c
+def test_the_c_activation_quantizer_gives_ggufs_q8_0_bytes():
+    ffi, lib = decode_backend._library()
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(32 * 64) * 10.0 ** rng.integers(-8, 4, size=32 * 64).repeat(1)).astype(np.float32)
+    x[:32] = 0
+    x[32:64] = 1e-6 * rng.standard_normal(32)  # a scale in float16's subnormals
+    x[64:96] = np.linspace(-1, 1, 32)  # halves to round away from zero
+    out = np.empty(64 * 34, np.uint8)
+    lib.matmul_quantize_q8_0(ffi.from_buffer("float[]", x), x.size, ffi.from_buffer("uint8_t[]", out))
+    np.testing.assert_array_equal(out, quant.quantize(x[None, :], "q8_0").data)
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("variant", ["auto", *_int8_variants()])
+def test_c_decode_int8_on_the_edge_shapes_within_the_activation_rounding(variant, fmt):
+    for n, k, w in _edge_weights(fmt):
+        x_all = _activations(max(EDGE_M), k, seed=k + 1)
+        for m in EDGE_M:
+            x = x_all[:m]
+            _check_int8(_run_int8(x, w, variant=variant, threads=1), x, w, f"c.decode_int8 {variant} {fmt} {m}x{n}x{k}")
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("variant", _int8_variants())
+def test_c_decode_int8_gives_the_same_bits_for_every_thread_count(variant, fmt):
+    for m, n, k in THREAD_SHAPES[:4]:
+        w = quant.quantize(_weights(n, k, seed=m), fmt)
+        x = _activations(m, k, seed=n)
+        one = _run_int8(x, w, variant=variant, threads=1)
+        _check_int8(one, x, w, f"c.decode_int8 {variant} {fmt} {m}x{n}x{k}")
+        for threads in (2, 3):
+            np.testing.assert_array_equal(_run_int8(x, w, variant=variant, threads=threads), one)
+
+
+@needs_c
+def test_c_decode_int8_refuses_bf16_and_its_rounding_is_real():
+    w16 = quant.quantize(_weights(4, 64), "bf16")
+    with pytest.raises(MatmulInputError, match="does not take bf16"):
+        INT8.backend.prepare(INT8, _activations(1, 64), w16, INT8.options)
+    # the activation rounding is visible: the weight-only kernel is much closer to the exact product
+    w = quant.quantize(_weights(64, 4096), "q8_0")
+    x = _activations(4, 4096)
+    exact = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
+    int8_error = np.abs(_run_int8(x, w) - exact).max()
+    float_error = np.abs(_run("c.decode", x, w) - exact).max()
+    assert int8_error > 10 * float_error

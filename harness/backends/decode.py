@@ -99,25 +99,24 @@ def _library():
     return ffi, lib
 
 
-def decode_variants() -> list[str]:
-    """The variants of c.decode this CPU can run, best last ("portable" always)."""
+def decode_variants(prefix: str = "matmul_decode") -> list[str]:
+    """The variants of c.decode (or, with prefix="matmul_decode_int8", of c.decode_int8) this
+    CPU can run, best last ("portable" always)."""
     _, lib = _library()
-    return [
-        name
-        for name, number in DECODE_VARIANTS.items()
-        if name != "auto" and lib.matmul_decode_variant_supported(number)
-    ]
+    supported = getattr(lib, f"{prefix}_variant_supported")
+    return [name for name, number in DECODE_VARIANTS.items() if name != "auto" and supported(number)]
 
 
-def decode_variant(variant: str = "auto") -> str:
+def decode_variant(variant: str = "auto", prefix: str = "matmul_decode") -> str:
     """The variant ``variant`` runs as here ("auto" resolved), or UnavailableError."""
+    name = "c.decode" if prefix == "matmul_decode" else "c.decode_int8"
     if variant not in DECODE_VARIANTS:
-        raise ValueError(f"c.decode: unknown variant {variant!r}; choose one of {', '.join(DECODE_VARIANTS)}")
+        raise ValueError(f"{name}: unknown variant {variant!r}; choose one of {', '.join(DECODE_VARIANTS)}")
     _, lib = _library()
-    number = lib.matmul_decode_resolve_variant(DECODE_VARIANTS[variant])
+    number = getattr(lib, f"{prefix}_resolve_variant")(DECODE_VARIANTS[variant])
     if number < 0:
         raise UnavailableError(
-            f"c.decode: variant {variant!r} cannot run on this CPU (it supports: {', '.join(decode_variants())}); "
+            f"{name}: variant {variant!r} cannot run on this CPU (it supports: {', '.join(decode_variants(prefix))}); "
             "choose one of those or variant='auto'"
         )
     return next(name for name, n in DECODE_VARIANTS.items() if n == number)
@@ -170,13 +169,13 @@ class _CPrepared:
 
 
 class CDecodeBackend:
-    """``matmul_decode_f32(X, W, Y, M, N, K, format, threads, variant)`` (c/decode.c)."""
+    """``<prefix>_f32(X, W, Y, M, N, K, format, threads, variant)``: c/decode.c's matmul_decode_f32,
+    or c/decode_int8.c's matmul_decode_int8_f32 (prefix="matmul_decode_int8")."""
 
-    # the library functions it calls, all defined in c/decode.c
-    functions = ("matmul_decode_f32", "matmul_decode_variant_supported", "matmul_decode_resolve_variant")
-
-    def __init__(self, function: str = "matmul_decode_f32"):
-        self.function = function
+    def __init__(self, prefix: str = "matmul_decode"):
+        self.prefix = prefix
+        # the library functions it calls, all defined in its source
+        self.functions = (f"{prefix}_f32", f"{prefix}_variant_supported", f"{prefix}_resolve_variant")
 
     def unavailable_reason(self, impl):
         _library()
@@ -186,9 +185,10 @@ class CDecodeBackend:
         x, w = decode_inputs(impl, a, b)
         threads = _threads(impl, options)
         variant = options.get("variant", "auto")
-        decode_variant(variant)  # an unknown or unsupported variant fails here, before any C runs
+        decode_variant(variant, self.prefix)  # an unknown or unsupported variant fails here, before any C runs
         ffi, lib = _library()
-        return _CPrepared(impl.name, getattr(lib, self.function), ffi, x, w, threads, DECODE_VARIANTS[variant])
+        function = getattr(lib, f"{self.prefix}_f32")
+        return _CPrepared(impl.name, function, ffi, x, w, threads, DECODE_VARIANTS[variant])
 
 
 # Pure Python over NumPy blocks: about a microsecond per 32 weights and activation row (a few
@@ -223,3 +223,29 @@ register(
         threaded=True,
     )
 )
+
+# llama.cpp's rung: X quantized to q8_0 per block, integer dot products (c/decode_int8.c). Not
+# registered: its result carries X's rounding (up to half of d_x = max|x| / 127 per element of
+# each 32-wide block), which the float32 error model that every registered row is checked
+# with would rightly call wrong. tests/test_decode.py checks it against the float64 product of
+# the quantized X (``quantized_activations``) and bounds its distance from the exact product.
+INT8_IMPLEMENTATION = Implementation(
+    name="c.decode_int8",
+    language="c",
+    device="cpu",
+    dtypes=("float32",),
+    weights=("q8_0", "q4_0"),
+    summary="decode as llama.cpp does it: X quantized to q8_0 per block, int8 dot products (AVX2, AVX-512 VNNI)",
+    backend=CDecodeBackend("matmul_decode_int8"),
+    source="c/decode_int8.c",
+    options={"threads": None, "variant": "auto"},
+    threaded=True,
+)
+
+
+def quantized_activations(x: np.ndarray) -> np.ndarray:
+    """X [M, K] as c.decode_int8 multiplies it: each 32-wide block of each row quantized to
+    q8_0 (quant.quantize: ggml's bytes) and dequantized, float32."""
+    from ..quant import quantize
+
+    return quantize(np.ascontiguousarray(x, dtype=np.float32), "q8_0").dequantize()
