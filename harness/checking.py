@@ -105,9 +105,12 @@ class CheckOutcome:
         return self.passed
 
 
-def check(result, a, b, ref=None) -> CheckOutcome:
+def check(result, a, b, ref=None, *, activation_rounding: str | None = None) -> CheckOutcome:
     """Compare ``result`` with the float64 reference of ``a @ b`` (``ref``: the float64
-    product, or a ``Reference``; computed here when not given)."""
+    product, or a ``Reference``; computed here when not given). ``activation_rounding``
+    ("q8_0"): the result is of a kernel that rounds A that way before multiplying
+    (``Implementation.activation_rounding``); the error that implies is allowed on top
+    (harness/activation_error.py)."""
     a = np.asarray(a)
     b = np.asarray(b)
     if not isinstance(ref, Reference):
@@ -121,15 +124,23 @@ def check(result, a, b, ref=None) -> CheckOutcome:
                             f"result dtype {dtype_name(result.dtype)}, expected the problem's {dtype_name(a.dtype)}")
     if ref.product.size == 0:
         return CheckOutcome(True, 0.0, "empty result")
-    return compare_elements(np, result.astype(np.float64), ref.product, ref.terms_norm, a.dtype, a.shape[1])
+    extra = None
+    if activation_rounding is not None:
+        from .activation_error import extra_allowed
+
+        extra = extra_allowed(a, b, activation_rounding)
+    return compare_elements(np, result.astype(np.float64), ref.product, ref.terms_norm, a.dtype, a.shape[1], extra)
 
 
-def compare_elements(xp, got, ref, terms_norm, dtype, k: int) -> CheckOutcome:
+def compare_elements(xp, got, ref, terms_norm, dtype, k: int, extra=None) -> CheckOutcome:
     """The error model on float64 arrays of one array library ``xp``: NumPy, or torch for
     tensors on a GPU (harness.gpu.DeviceProblem), where an 8192^2 product is checked in
-    milliseconds. ``dtype`` is the problem's; ``k`` the inner dimension."""
+    milliseconds. ``dtype`` is the problem's; ``k`` the inner dimension; ``extra``, where
+    given, is added to the allowance per element (activation_error.py)."""
     name = dtype_name(dtype)
     allowed = tolerance(name, k, ref, terms_norm)
+    if extra is not None:
+        allowed = allowed + extra
     largest_out = _limits(name)[1]
     largest_acc = _limits(ACCUMULATES_IN.get(name, name))[1]
     ref_nan, got_nan = xp.isnan(ref), xp.isnan(got)

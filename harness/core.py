@@ -86,6 +86,9 @@ class Implementation:
     baseline: bool = False         # the library baseline for its device
     peer: bool = False             # a library a user would pick instead: shown beside the baseline
     threaded: bool = False         # accepts a `threads` option
+    activation_rounding: str | None = None  # "q8_0": rounds X to Q8_0 blocks before multiplying (ggml's CPU
+                                            # mat-vec); checked with the extra error that implies
+                                            # (activation_error.py), on top of the float32 model
 
     def unavailable_reason(self) -> str | None:
         return self.availability()[0]
