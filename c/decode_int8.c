@@ -22,9 +22,9 @@
  * Variants: portable C, AVX2 (maddubs) and AVX-512 VNNI (vpdpbusd on 256-bit registers, which
  * needs AVX512_VNNI and AVX512VL), chosen at run time. Each Y element is the same float32
  * sequence over its blocks whatever thread computes it: the same bits for every thread count.
- * Activation rows are taken 16 at a time, each block of W unpacked once for all of them; one
- * row of W at a time (a simpler kernel than decode.c's: no register tiling over rows of W, no
- * cutting of K), so at M = 1 each output's chain of FMAs, one per block, is a latency limit.
+ * Activation rows are taken 16 at a time, each block of W unpacked once for all of them; up to
+ * four rows of W at a time for up to four rows of X (a simpler kernel than decode.c's: from
+ * five rows of X one row of W at a time, and K is never cut).
  */
 #if !defined(__APPLE__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* posix_memalign under a strict -std=c11 */
@@ -87,8 +87,23 @@ MATMUL_API void matmul_quantize_q8_0(const float *x, int64_t n, uint8_t *out) {
 /* ---- the kernels: Y[0..mb)[j0..j1) from X's q8_0 blocks, for each step b the mb rows' blocks
  * one after another (Xq + (b * mb + i) * 34) ------------------------------------------------ */
 
-typedef void (*int8_rows_fn)(int format, const uint8_t *Xq, int64_t mb, const uint8_t *W, int64_t row_bytes, float *Y,
-                             int64_t ldy, int64_t steps, int64_t j0, int64_t j1);
+typedef void (*int8_rows_fn)(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
+                             int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1);
+
+/* A block's float16 scale as float32, exactly and without branches (finite scales only: the
+ * harness refuses the others): the half's fields moved into a float32's, rescaled by 2^112. */
+static inline float scale_of(const uint8_t *p) {
+    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    const uint32_t body = (h & 0x7fffu) << 13, sign = (h & 0x8000u) << 16;
+    float f;
+    memcpy(&f, &body, sizeof f);
+    f *= 0x1p112f;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits |= sign;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 /* A block's 32 weights as int8: q8_0's bytes, or q4_0's nibbles minus 8 (weights 0..15 low). */
 static inline void weights_portable(int format, const uint8_t *p, int8_t w[DECODE_BLOCK]) {
@@ -102,8 +117,8 @@ static inline void weights_portable(int format, const uint8_t *p, int8_t w[DECOD
     }
 }
 
-static void rows_portable(int format, const uint8_t *Xq, int64_t mb, const uint8_t *W, int64_t row_bytes, float *Y,
-                          int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
+static void rows_portable(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
+                          int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
     const int64_t step_bytes = decode_step_bytes(format);
     for (int64_t j = j0; j < j1; ++j) {
         float acc[ROWS] = {0};
@@ -122,7 +137,7 @@ static void rows_portable(int format, const uint8_t *Xq, int64_t mb, const uint8
                 for (int l = 0; l < DECODE_BLOCK; ++l) xs[l] = (int8_t)x[2 + l];
                 int32_t dot = 0;
                 for (int l = 0; l < DECODE_BLOCK; ++l) dot += (int32_t)w[l] * xs[l];
-                acc[i] += (float)dot * (dw * decode_half(x));
+                acc[i] += (float)dot * (dw * xd[b * mb + i]);
             }
         }
         for (int64_t i = 0; i < mb; ++i) Y[i * ldy + j] = acc[i];
@@ -159,69 +174,89 @@ VNNI INLINE __m256i dot_vnni(__m256i abs_w, __m256i w, const uint8_t *x) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), abs_w, signed_x);
 }
 
-/* One row of W for mb rows of X (a constant where rows_avx2 calls it with one). */
-AVX2 INLINE void row_avx2(int format, const int mb, const uint8_t *Xq, const uint8_t *row, float *Y, int64_t ldy,
-                          int64_t steps, int64_t j) {
+/* R rows of W from row j for mb rows of X (constants where rows_avx2 calls it). */
+AVX2 INLINE void tile_avx2(int format, const int R, const int mb, const uint8_t *Xq, const float *xd, const uint8_t *W,
+                           int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j) {
     const int64_t step_bytes = decode_step_bytes(format);
     __m256 acc[ROWS];
-    for (int i = 0; i < mb; ++i) acc[i] = _mm256_setzero_ps();
+    for (int a = 0; a < R * mb; ++a) acc[a] = _mm256_setzero_ps();
     for (int64_t b = 0; b < steps; ++b) {
-        const uint8_t *p = row + b * step_bytes;
-        const __m256i w = weights_avx2(format, p), abs_w = _mm256_sign_epi8(w, w);
-        const float dw = decode_half(p);
-        for (int i = 0; i < mb; ++i) {
-            const uint8_t *x = Xq + (b * mb + i) * Q8_BYTES;
-            const __m256 scale = _mm256_set1_ps(dw * decode_half(x));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(abs_w, w, x)), scale, acc[i]);
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *p = W + (j + r) * row_bytes + b * step_bytes;
+            const __m256i w = weights_avx2(format, p), abs_w = _mm256_sign_epi8(w, w);
+            const float dw = scale_of(p);
+            for (int i = 0; i < mb; ++i) {
+                const __m256 scale = _mm256_set1_ps(dw * xd[b * mb + i]);
+                const __m256i dot = dot_avx2(abs_w, w, Xq + (b * mb + i) * Q8_BYTES);
+                acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r * mb + i]);
+            }
         }
     }
-    for (int i = 0; i < mb; ++i) Y[i * ldy + j] = sum8(acc[i]);
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < mb; ++i) Y[i * ldy + j + r] = sum8(acc[r * mb + i]);
 }
 
-AVX2 static void rows_avx2(int format, const uint8_t *Xq, int64_t mb, const uint8_t *W, int64_t row_bytes, float *Y,
-                           int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-        const uint8_t *row = W + j * row_bytes;
-        switch (mb) { /* small mb as a constant: its accumulators live in registers */
-        case 1: row_avx2(format, 1, Xq, row, Y, ldy, steps, j); break;
-        case 2: row_avx2(format, 2, Xq, row, Y, ldy, steps, j); break;
-        case 3: row_avx2(format, 3, Xq, row, Y, ldy, steps, j); break;
-        case 4: row_avx2(format, 4, Xq, row, Y, ldy, steps, j); break;
-        default: row_avx2(format, (int)mb, Xq, row, Y, ldy, steps, j); break;
-        }
+/* Rows of W at a time: four independent chains of FMAs for one or two rows of X, two for three
+ * or four, then one (R x mb accumulators of at most 8). */
+AVX2 INLINE void rows_mb_avx2(int format, const int R, const int mb, const uint8_t *Xq, const float *xd,
+                              const uint8_t *W, int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0,
+                              int64_t j1) {
+    int64_t j = j0;
+    for (; j + R <= j1; j += R) tile_avx2(format, R, mb, Xq, xd, W, row_bytes, Y, ldy, steps, j);
+    for (; j < j1; ++j) tile_avx2(format, 1, mb, Xq, xd, W, row_bytes, Y, ldy, steps, j);
+}
+
+AVX2 static void rows_avx2(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
+                           int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
+    switch (mb) { /* small mb as a constant: its accumulators live in registers */
+    case 1: rows_mb_avx2(format, 4, 1, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    case 2: rows_mb_avx2(format, 4, 2, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    case 3: rows_mb_avx2(format, 2, 3, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    case 4: rows_mb_avx2(format, 2, 4, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    default: rows_mb_avx2(format, 1, (int)mb, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     }
 }
 
-/* One row of W for mb rows of X (a constant where rows_vnni calls it with one). */
-VNNI INLINE void row_vnni(int format, const int mb, const uint8_t *Xq, const uint8_t *row, float *Y, int64_t ldy,
-                          int64_t steps, int64_t j) {
+/* R rows of W from row j for mb rows of X (constants where rows_vnni calls it). */
+VNNI INLINE void tile_vnni(int format, const int R, const int mb, const uint8_t *Xq, const float *xd, const uint8_t *W,
+                           int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j) {
     const int64_t step_bytes = decode_step_bytes(format);
     __m256 acc[ROWS];
-    for (int i = 0; i < mb; ++i) acc[i] = _mm256_setzero_ps();
+    for (int a = 0; a < R * mb; ++a) acc[a] = _mm256_setzero_ps();
     for (int64_t b = 0; b < steps; ++b) {
-        const uint8_t *p = row + b * step_bytes;
-        const __m256i w = weights_avx2(format, p), abs_w = _mm256_sign_epi8(w, w);
-        const float dw = decode_half(p);
-        for (int i = 0; i < mb; ++i) {
-            const uint8_t *x = Xq + (b * mb + i) * Q8_BYTES;
-            const __m256 scale = _mm256_set1_ps(dw * decode_half(x));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_vnni(abs_w, w, x)), scale, acc[i]);
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *p = W + (j + r) * row_bytes + b * step_bytes;
+            const __m256i w = weights_avx2(format, p), abs_w = _mm256_sign_epi8(w, w);
+            const float dw = scale_of(p);
+            for (int i = 0; i < mb; ++i) {
+                const __m256 scale = _mm256_set1_ps(dw * xd[b * mb + i]);
+                const __m256i dot = dot_vnni(abs_w, w, Xq + (b * mb + i) * Q8_BYTES);
+                acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r * mb + i]);
+            }
         }
     }
-    for (int i = 0; i < mb; ++i) Y[i * ldy + j] = sum8(acc[i]);
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < mb; ++i) Y[i * ldy + j + r] = sum8(acc[r * mb + i]);
 }
 
-VNNI static void rows_vnni(int format, const uint8_t *Xq, int64_t mb, const uint8_t *W, int64_t row_bytes, float *Y,
-                           int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-        const uint8_t *row = W + j * row_bytes;
-        switch (mb) { /* small mb as a constant: its accumulators live in registers */
-        case 1: row_vnni(format, 1, Xq, row, Y, ldy, steps, j); break;
-        case 2: row_vnni(format, 2, Xq, row, Y, ldy, steps, j); break;
-        case 3: row_vnni(format, 3, Xq, row, Y, ldy, steps, j); break;
-        case 4: row_vnni(format, 4, Xq, row, Y, ldy, steps, j); break;
-        default: row_vnni(format, (int)mb, Xq, row, Y, ldy, steps, j); break;
-        }
+/* Rows of W at a time: four independent chains of FMAs for one or two rows of X, two for three
+ * or four, then one (R x mb accumulators of at most 8). */
+VNNI INLINE void rows_mb_vnni(int format, const int R, const int mb, const uint8_t *Xq, const float *xd,
+                              const uint8_t *W, int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0,
+                              int64_t j1) {
+    int64_t j = j0;
+    for (; j + R <= j1; j += R) tile_vnni(format, R, mb, Xq, xd, W, row_bytes, Y, ldy, steps, j);
+    for (; j < j1; ++j) tile_vnni(format, 1, mb, Xq, xd, W, row_bytes, Y, ldy, steps, j);
+}
+
+VNNI static void rows_vnni(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
+                           int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
+    switch (mb) { /* small mb as a constant: its accumulators live in registers */
+    case 1: rows_mb_vnni(format, 4, 1, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    case 2: rows_mb_vnni(format, 4, 2, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    case 3: rows_mb_vnni(format, 2, 3, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    case 4: rows_mb_vnni(format, 2, 4, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    default: rows_mb_vnni(format, 1, (int)mb, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     }
 }
 
@@ -257,6 +292,7 @@ static const double MIN_FMAS_PER_THREAD = 1 << 19;
 
 struct int8_job {
     const uint8_t *Xq, *W;
+    const float *xd; /* X's block scales as float32, in Xq's order */
     float *Y;
     int64_t M, N, steps, row_bytes, parts;
     int format;
@@ -267,8 +303,8 @@ static void int8_task(void *context, int64_t part) {
     const struct int8_job *job = context;
     const int64_t j0 = job->N * part / job->parts, j1 = job->N * (part + 1) / job->parts;
     for (int64_t i0 = 0; j0 < j1 && i0 < job->M; i0 += ROWS)
-        job->rows(job->format, job->Xq + i0 * job->steps * Q8_BYTES, min_i64(ROWS, job->M - i0), job->W, job->row_bytes,
-                  job->Y + i0 * job->N, job->N, job->steps, j0, j1);
+        job->rows(job->format, job->Xq + i0 * job->steps * Q8_BYTES, job->xd + i0 * job->steps,
+                  min_i64(ROWS, job->M - i0), job->W, job->row_bytes, job->Y + i0 * job->N, job->N, job->steps, j0, j1);
 }
 
 /* Y [M, N] = q8_0(X) [M, K] @ W^T for W [N, K] in ggml `format` (2 = q4_0, 8 = q8_0). threads
@@ -286,23 +322,29 @@ MATMUL_API int matmul_decode_int8_f32(const float *X, const uint8_t *W, float *Y
         memset(Y, 0, (size_t)(M * N) * sizeof(float));
         return DECODE_OK;
     }
-    struct int8_job job = {NULL, W, Y, M, N, K / DECODE_BLOCK, 0, 1, (int)format, rows_portable};
+    struct int8_job job = {NULL, W, NULL, Y, M, N, K / DECODE_BLOCK, 0, 1, (int)format, rows_portable};
     job.row_bytes = job.steps * decode_step_bytes((int)format);
 #if DECODE_HAVE_X86
     if (resolved == DECODE_AVX2) job.rows = rows_avx2;
     if (resolved == DECODE_AVX512) job.rows = rows_vnni;
 #endif
     /* X quantized once: for each pass of 16 rows, each step, the rows' q8_0 blocks in turn */
+    const size_t blocks = (size_t)(M * job.steps);
     void *memory = NULL;
-    if (posix_memalign(&memory, 64, (size_t)(M * job.steps * Q8_BYTES))) return DECODE_ERR_MEMORY;
-    uint8_t *Xq = memory;
+    if (posix_memalign(&memory, 64, blocks * (Q8_BYTES + sizeof(float)))) return DECODE_ERR_MEMORY;
+    float *xd = memory;
+    uint8_t *Xq = (uint8_t *)(xd + blocks);
     for (int64_t i0 = 0; i0 < M; i0 += ROWS) {
         const int64_t mb = min_i64(ROWS, M - i0);
         for (int64_t b = 0; b < job.steps; ++b)
-            for (int64_t i = 0; i < mb; ++i)
-                quantize_block(X + (i0 + i) * K + b * DECODE_BLOCK, Xq + (i0 * job.steps + b * mb + i) * Q8_BYTES);
+            for (int64_t i = 0; i < mb; ++i) {
+                const int64_t at = i0 * job.steps + b * mb + i;
+                quantize_block(X + (i0 + i) * K + b * DECODE_BLOCK, Xq + at * Q8_BYTES);
+                xd[at] = decode_half(Xq + at * Q8_BYTES);
+            }
     }
     job.Xq = Xq;
+    job.xd = xd;
     if (threads <= 0) {
         const long online = sysconf(_SC_NPROCESSORS_ONLN);
         threads = online > 0 ? online : 1;
