@@ -25,6 +25,7 @@ overflows to infinity, so that w / d is NaN and its integer conversion undefined
 quotients here are those of a zero block; the scale rounds to float16 zero there anyway, so
 the weights are the same zeros either way.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,9 +38,9 @@ from .core import MatmulInputError
 @dataclass(frozen=True)
 class Format:
     name: str
-    block_size: int       # weights per block, along K
+    block_size: int  # weights per block, along K
     bytes_per_block: int
-    ggml_type: int        # ggml's type number (GGMLQuantizationType), which the C kernels take
+    ggml_type: int  # ggml's type number (GGMLQuantizationType), which the C kernels take
 
     @property
     def bits_per_weight(self) -> float:
@@ -100,7 +101,9 @@ class QuantizedWeights:
         if not isinstance(data, np.ndarray):
             raise MatmulInputError(f"{fmt.name} weights: data must be a NumPy uint8 array, got {type(data).__name__}")
         if data.dtype != np.uint8:
-            raise MatmulInputError(f"{fmt.name} weights: data must have dtype uint8 (the packed bytes), got {data.dtype}")
+            raise MatmulInputError(
+                f"{fmt.name} weights: data must have dtype uint8 (the packed bytes), got {data.dtype}"
+            )
         if data.ndim != 1:
             raise MatmulInputError(
                 f"{fmt.name} weights: data must be 1-D (the packed bytes, rows one after another), "
@@ -176,7 +179,11 @@ def _check_finite(fmt: Format, data: np.ndarray, n: int, k: int) -> None:
         flat = int(np.argmax(bad.reshape(-1)))
         per_row = k // fmt.block_size
         row, block = divmod(flat, per_row)
-        where = f"row {row}, column {block}" if fmt.name == "bf16" else f"row {row}, block {block} (K {block * 32}..{block * 32 + 31})"
+        where = (
+            f"row {row}, column {block}"
+            if fmt.name == "bf16"
+            else f"row {row}, block {block} (K {block * 32}..{block * 32 + 31})"
+        )
         raise MatmulInputError(
             f"{fmt.name} weights: {int(bad.sum())} {what}(s) are infinite or NaN, the first at {where}"
         )
@@ -206,7 +213,9 @@ def quantize(w, format: str) -> QuantizedWeights:
     if not np.isfinite(w32).all():
         bad = ~np.isfinite(w32)
         row, col = (int(v) for v in np.argwhere(bad)[0])
-        raise MatmulInputError(f"quantize: W has {int(bad.sum())} infinite or NaN values (as float32), the first at [{row}, {col}]")
+        raise MatmulInputError(
+            f"quantize: W has {int(bad.sum())} infinite or NaN values (as float32), the first at [{row}, {col}]"
+        )
     if fmt.name == "bf16":
         bits = w32.view(np.uint32).astype(np.uint64)
         rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16  # round to nearest, ties to even
@@ -240,6 +249,7 @@ def quantize(w, format: str) -> QuantizedWeights:
         row, block = (int(v) for v in np.argwhere(np.isinf(scale[..., 0]))[0])
         raise MatmulInputError(
             f"quantize: W row {row}, block {block} needs a scale beyond float16's range ({_FP16_MAX:g}); "
-            f"{fmt.name} can store weights up to about {_FP16_MAX * (127 if fmt.name == 'q8_0' else 8):.3g} in magnitude"
+            f"{fmt.name} can store weights up to about "
+            f"{_FP16_MAX * (127 if fmt.name == 'q8_0' else 8):.3g} in magnitude"
         )
     return QuantizedWeights(fmt.name, n, k, np.concatenate([scale.view(np.uint8), q], axis=-1).reshape(-1))
