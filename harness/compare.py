@@ -116,12 +116,13 @@ def compare(
     chosen = implementations(*patterns)
     if formats and not patterns:
         chosen = [impl for impl in chosen if impl.weights]
+    asked = {impl.name for impl in chosen} if patterns else set()
     chosen = _with_baselines(chosen, baselines)
     options = options or {}
 
     problems = [(shape, dtype, fmt) for shape in shapes for dtype in dtypes for fmt in formats or [None]]
     tasks = [(shape, dtype, fmt, impl) for shape, dtype, fmt in problems for impl in chosen
-             if _belongs(impl, fmt, explicit=bool(patterns))]
+             if _belongs(impl, fmt, explicit=impl.name in asked)]
     rows: list[Row] = []
     bar = _progress_bar(len(tasks)) if progress else None
     with (bar or nullcontext()):
@@ -272,13 +273,13 @@ class _Problem:
             self._guard = InputGuard(a, b.data if self.quantized else b)
         return written
 
-    def check(self, result: np.ndarray):
+    def check(self, result: np.ndarray, activation_rounding: str | None = None):
         """The check of ``result`` against the float64 reference: on the GPU when GPU
         implementations are compared, a GPU is here and the problem is big (the host's float64
         product and element-wise check of 8192^2 take seconds per row), else on the host."""
         a = self.inputs[0]
         if isinstance(self._reference, Reference):
-            return check(result, a, self._float_b, self._reference)
+            return check(result, a, self._float_b, self._reference, activation_rounding=activation_rounding)
         return self._reference.check(result)
 
 
@@ -318,7 +319,7 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
             if written:
                 row.status = f"FAILED: {wrote_inputs_message(impl.name, written)}"
                 return row
-            outcome = problem.check(result)
+            outcome = problem.check(result, impl.activation_rounding)  # ggml's int8 activations: its model
             row.max_abs_error = outcome.max_abs_error
             if not outcome.passed:
                 row.status = f"FAILED: {outcome.message}"
