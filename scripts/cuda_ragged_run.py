@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
 import harness
 from harness.inputs import Shape
+from harness.quant import quantize
 
 GEMM_SHAPES = (Shape(67, 45, 33), Shape(129, 131, 70))
 GEMV_SHAPES = (Shape(1, 45, 67), Shape(1, 131, 1030))
+DECODE_SHAPES = (Shape(1, 45, 96), Shape(5, 131, 1056), Shape(17, 33, 4128))
 
 
 def main() -> int:
@@ -23,6 +27,15 @@ def main() -> int:
         if reason:
             print(f"{impl.name}: unavailable: {reason}")
             failures += 1
+            continue
+        if impl.weights:  # decode: X [M, K] times W [N, K] in each format, M past one pass of 16 rows
+            for fmt in impl.weights:
+                for shape in DECODE_SHAPES:
+                    x, b = harness.make_inputs(shape, "float32", seed=3)
+                    w = quantize(np.ascontiguousarray(b.T), fmt)
+                    outcome = harness.check(harness.get(impl.name)(x, w), x, w.dequantize().T)
+                    print(f"{impl.name} {fmt} {shape}: {outcome.message}", flush=True)
+                    failures += not outcome.passed
             continue
         for dtype in impl.dtypes:
             for shape in GEMV_SHAPES if impl.operation == "gemv" else GEMM_SHAPES:

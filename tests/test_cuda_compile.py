@@ -65,9 +65,13 @@ def test_every_planned_kernel_exists():
         names = emulation.kernel_names(source_path(impl.source).read_text())
         for dtype in impl.dtypes:
             m = 1 if impl.operation == "gemv" else 64
-            launch = plans.plan(impl.backend.technique, dtype, m, 64, 64)
-            assert launch.kernel in names, f"{impl.name} plans {launch.kernel}, not in {impl.source}"
-            assert len(launch.signature) == len(launch.args)
+            # a decode kernel: one technique per weight format and tile of rows of X
+            techniques = ([plans.decode_technique(fmt, m) for fmt in impl.weights for m in (1, 3, 16, 17)]
+                          if impl.weights else [impl.backend.technique])
+            for technique in techniques:
+                launch = plans.plan(technique, dtype, m, 64, 64)
+                assert launch.kernel in names, f"{impl.name} plans {launch.kernel}, not in {impl.source}"
+                assert len(launch.signature) == len(launch.args)
 
 
 def test_compile_error_is_reported(tmp_path, monkeypatch):

@@ -37,6 +37,8 @@ def emulate(monkeypatch):
 
 def _cases():
     for impl in harness.implementations("cuda.*"):
+        if impl.weights:  # decode kernels take quantized W [N, K], not a float B: tests/test_cuda_decode.py
+            continue
         shapes = GEMV_SHAPES if impl.operation == "gemv" else GEMM_SHAPES
         for dtype in impl.dtypes:
             for shape in shapes:
@@ -95,8 +97,13 @@ def test_unavailable_without_gpu_or_emulation(monkeypatch):
     for impl in harness.implementations("cuda.*"):
         reason = impl.unavailable_reason()
         assert reason and emulation.EMULATE_ENV in reason
+        a, b = harness.make_inputs(Shape(1, 16, 32), impl.dtypes[0])
+        if impl.weights:
+            from harness.quant import quantize
+
+            b = quantize(np.ascontiguousarray(b.T), impl.weights[0])
         with pytest.raises(harness.UnavailableError):
-            harness.get(impl.name)(*harness.make_inputs(Shape(1, 16, 16), impl.dtypes[0]))
+            harness.get(impl.name)(a, b)
 
 
 def test_missing_barrier_gives_wrong_results():

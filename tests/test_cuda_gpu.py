@@ -39,6 +39,8 @@ def loader(request, monkeypatch):
 
 def _cases():
     for impl in harness.implementations("cuda.*", "torch.cublas"):
+        if impl.weights:  # decode kernels take quantized W [N, K]: test_native_decode_matches_reference
+            continue
         shapes = GEMV_SHAPES if impl.operation == "gemv" else GEMM_SHAPES
         for dtype in impl.dtypes:
             for shape in shapes:
@@ -58,6 +60,27 @@ def test_native_matches_reference(name, shape, dtype, loader):
     outcome = harness.check(result, a, b)
     assert outcome.passed, f"{name} at {shape} {dtype} ({loader}): {outcome.message}"
 
+
+
+DECODE_SHAPES = [Shape(m, n, k) for m in (1, 4, 5, 16, 17) for n, k in [(1, 32), (7, 96), (33, 4128), (4096, 4096)]]
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16"])
+def test_native_decode_matches_reference(fmt, loader):
+    """cuda.decode (Y = X W^T, W quantized) at its edge shapes, checked against the float64
+    product of X and the weights the format holds."""
+    import numpy as np
+
+    from harness.quant import quantize
+
+    for shape in DECODE_SHAPES:
+        x, b = harness.make_inputs(shape, "float32", seed=7)
+        w = quantize(np.ascontiguousarray(b.T), fmt)
+        prepared = harness.get("cuda.decode").prepare(x, w)
+        assert prepared.mode == "native" and prepared.loader == loader
+        prepared.run()
+        outcome = harness.check(prepared.result(), x, w.dequantize().T)
+        assert outcome.passed, f"cuda.decode {fmt} at {shape} ({loader}): {outcome.message}"
 
 def test_loader_shares_torch_context(loader):
     """The kernels run in PyTorch's primary context: a kernel writes straight into a torch tensor."""

@@ -202,7 +202,9 @@ def test_every_cuda_technique_is_planned_from_its_own_source_and_every_source_is
     assert toolkit.archs_for("cuda/tiled.cu") == toolkit.ARCHS
     specs = plans.launch_specs()
     for impl in harness.implementations("cuda.*"):
-        assert specs[impl.backend.technique].source == impl.source, impl.name
+        techniques = [plans.decode_technique(fmt, 1) for fmt in impl.weights] or [impl.backend.technique]
+        for technique in techniques:
+            assert specs[technique].source == impl.source, impl.name
     launch = plans.plan("tiled", "float32", 33, 40, 7)  # TILE = 16 in cuda/tiled.cu
     assert (launch.grid, launch.block, launch.args, launch.signature) == ((3, 3, 1), (16, 16, 1), ("A", "B", "C", 33, 40, 7), "PPPiii")
 

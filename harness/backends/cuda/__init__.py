@@ -30,7 +30,7 @@ from ...registry import register
 from ...inputs import Shape, dtype_name
 from .emulation import EMULATE_ENV, EmulatedPrepared, emulated_library, emulation_requested, emulation_unavailable_reason
 from .loaders import NativePrepared, _device_arch, native_unavailable_reason
-from .plans import kernel_buffers, plan
+from .plans import cdiv, decode_buffers, decode_technique, kernel_buffers, plan
 from .resources import resource_table
 from .toolkit import ARCHS
 
@@ -67,13 +67,18 @@ class CudaBackend:
         emulated cuda.gemv at 1x1000000x1 (32 million threads: 36 s) and cuda.tiled at 128^3
         (16,384 threads: 0.1 s), on a 2-core development machine."""
         try:
-            launch = plan(self.technique, dtype, shape.m, shape.n, shape.k)
+            if impl.weights:  # a decode kernel: its launch for q4_0 (the formats' grids differ little)
+                launch = plan(decode_technique("q4_0", shape.m), "float32", shape.m, shape.n, cdiv(shape.k, 32) * 32)
+            else:
+                launch = plan(self.technique, dtype, shape.m, shape.n, shape.k)
             threads = launch.grid[0] * launch.grid[1] * launch.grid[2] * launch.block[0] * launch.block[1] * launch.block[2]
         except (ValueError, KeyError):  # a shape the plan refuses is refused later, by name
             threads = 0
         return threads * EMULATED_SECONDS_PER_THREAD + shape.flops / EMULATED_FLOPS_PER_S
 
     def prepare(self, impl, a, b, options):
+        if impl.weights:
+            return self._prepare_decode(impl, a, b)
         dtype = dtype_name(a.dtype)
         shape = Shape(a.shape[0], b.shape[1], a.shape[1])
         emulated = emulation_requested()
@@ -85,6 +90,21 @@ class CudaBackend:
         if emulated:
             return EmulatedPrepared(emulated_library(impl.source), launch, inputs, out_shape, a.dtype, result_shape)
         return NativePrepared(impl.source, launch, inputs, out_shape, dtype, result_shape)
+
+    def _prepare_decode(self, impl, a, b):
+        """Y [M, N] = X [M, K] @ W^T for W quantized (quant.QuantizedWeights): the weights are
+        repacked into the layout cuda/decode.cu reads (plans.decode_weight_bytes: the same bytes,
+        scales apart from quants, so every block's quants are aligned 16-byte loads) and copied
+        to the device here, in prepare, outside the timed region."""
+        from ..decode import decode_inputs
+
+        x, w = decode_inputs(impl, a, b)
+        inputs, out_shape, k = decode_buffers(x, w)
+        m = x.shape[0]
+        launch = plan(decode_technique(w.format, m), "float32", m, w.n, k)
+        if emulation_requested():
+            return EmulatedPrepared(emulated_library(impl.source), launch, inputs, out_shape, x.dtype, out_shape)
+        return NativePrepared(impl.source, launch, inputs, out_shape, "float32", out_shape)
 
     def peak_gflops(self, impl, dtype):
         return gpu.peak_for(impl.operation, dtype)
@@ -160,5 +180,13 @@ register(Implementation(
     backend=CudaBackend("gemv"),
     source="cuda/gemv.cu",
     operation="gemv",
+    requires=_REQUIRES,
+))
+register(Implementation(
+    name="cuda.decode", language="cuda", device="gpu", dtypes=("float32",), weights=("q8_0", "q4_0", "bf16"),
+    summary="decode, Y = X W^T with W in q8_0 / q4_0 / bf16: 16-byte loads of repacked blocks, dequantized in "
+        "registers, each applied to M = 1..16 rows of X, FP32 accumulate, shuffle reduction",
+    backend=CudaBackend("decode"),
+    source="cuda/decode.cu",
     requires=_REQUIRES,
 ))

@@ -241,3 +241,51 @@ def kernel_buffers(operation: str, a: np.ndarray, b: np.ndarray, technique: str 
             if isinstance(arg, TensorMapArg) and arg.buffer in inputs:
                 inputs[arg.buffer] = pitched(inputs[arg.buffer])
     return inputs, (a.shape[0], b.shape[1])
+
+
+# ---- decode (cuda/decode.cu): the weights as the GPU kernel reads them --------------------------
+
+# The rows of X each decode kernel holds accumulators for (its @launch techniques end in _m<tile>).
+DECODE_M_TILES = (1, 4, 16)
+
+
+def decode_technique(fmt: str, m: int) -> str:
+    """The cuda/decode.cu technique for ``fmt`` weights and M rows of X: the smallest tile of rows
+    that holds M (registers sized for 16 rows cost a GEMV occupancy), else 16 rows per pass."""
+    tile = next((t for t in DECODE_M_TILES if m <= t), DECODE_M_TILES[-1])
+    return f"decode_{fmt}_m{tile}"
+
+
+def decode_weight_bytes(weights) -> np.ndarray:
+    """``weights`` (quant.QuantizedWeights) repacked as cuda/decode.cu reads them: the same
+    bytes, in another order (see the file's header). q4_0 / q8_0: every block's fp16 scale,
+    [N, K/32], then from the next multiple of 16 bytes every block's quants, [N, K/32, 16 or
+    32]; bf16: ggml's own [N, K] uint16, rows padded with zero weights to a multiple of 32."""
+    fmt, n, k = weights.format, weights.n, weights.k
+    if fmt == "bf16":
+        padded = cdiv(k, 32) * 32
+        rows = np.zeros((n, padded), np.uint16)
+        rows[:, :k] = weights.data.view("<u2").reshape(n, k)
+        return rows.view(np.uint8).reshape(-1)
+    per_block = weights.fmt.bytes_per_block
+    blocks = weights.data.reshape(n, k // 32, per_block)
+    scales = blocks[..., :2].reshape(-1)
+    quants_at = cdiv(scales.size, 16) * 16
+    out = np.zeros(quants_at + n * (k // 32) * (per_block - 2), np.uint8)
+    out[:scales.size] = scales
+    out[quants_at:] = blocks[..., 2:].reshape(-1)
+    return out
+
+
+def decode_buffers(x: np.ndarray, weights) -> tuple[dict, tuple[int, int], int]:
+    """The buffers of a decode launch (A = the repacked weights, B = X [M, K'] float32), the
+    output's shape [M, N], and K' (K, or for bf16 K padded to a multiple of 32 with zero columns
+    of X to match the zero weights)."""
+    k = weights.k
+    padded = cdiv(k, 32) * 32
+    if padded != k:
+        wide = np.zeros((x.shape[0], padded), np.float32)
+        wide[:, :k] = x
+        x = wide
+    buffers = {"A": decode_weight_bytes(weights), "B": np.ascontiguousarray(x, np.float32)}
+    return buffers, (x.shape[0], weights.n), padded

@@ -1,0 +1,184 @@
+"""cuda.decode (cuda/decode.cu) on the CPU emulation: Y = X W^T with W in q8_0, q4_0 or bf16,
+the same .cu file and launch geometry as on the GPU, checked against the float64 product of X
+and the weights the format holds (quant.QuantizedWeights.dequantize(), exact), with the float32
+error model; the repacked layout it reads; and its SASS: 16-byte global loads, no spills."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import harness
+from harness import quant, sass
+from harness.backends.cuda import emulation, plans, resources, toolkit
+from harness.checking import check
+from harness.inputs import Shape
+
+needs_emulation = pytest.mark.skipif(
+    emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
+)
+FORMATS = ["q8_0", "q4_0", "bf16"]
+EDGE_K = [32, 64, 96, 4128]
+EDGE_N = [1, 7, 33]
+EDGE_M = list(range(1, 18))  # 17: a second pass of 16 rows (blockIdx.y)
+BF16_K = [1, 31, 33]  # bf16 has no blocks: padded with zero weights to a multiple of 32
+
+
+@pytest.fixture
+def emulate(monkeypatch):
+    monkeypatch.setenv(emulation.EMULATE_ENV, "1")
+
+
+def _weights(n: int, k: int, seed: int) -> np.ndarray:
+    """Rows of very different magnitude, an all-zero block, a block whose largest value is negative."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    w *= np.float32(10.0) ** rng.integers(-3, 4, size=(n, 1)).astype(np.float32)
+    if k >= 64:
+        w[0, 32:64] = 0
+    w[-1, :32] = -np.abs(w[-1, :32])
+    return w
+
+
+def _run(x: np.ndarray, w: quant.QuantizedWeights) -> np.ndarray:
+    impl = harness.lookup("cuda.decode")
+    x_before, w_before = x.copy(), w.data.copy()
+    prepared = impl.backend.prepare(impl, x, w, impl.options)
+    assert prepared.mode == "emulated"
+    prepared.run()
+    y = prepared.result()
+    assert y.shape == (x.shape[0], w.n) and y.dtype == np.float32
+    np.testing.assert_array_equal(x, x_before)
+    np.testing.assert_array_equal(w.data, w_before)
+    return y
+
+
+@needs_emulation
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_emulated_decode_on_the_edge_shapes(emulate, fmt):
+    for n in EDGE_N:
+        for k in EDGE_K + (BF16_K if fmt == "bf16" else []):
+            w = quant.quantize(_weights(n, k, seed=n + k), fmt)
+            x_all = np.random.default_rng(k).standard_normal((max(EDGE_M), k)).astype(np.float32)
+            for m in EDGE_M:
+                x = x_all[:m]
+                outcome = check(_run(x, w), x, w.dequantize().T)
+                assert outcome.passed, f"cuda.decode {fmt} {m}x{n}x{k}: {outcome.message}"
+
+
+@needs_emulation
+def test_emulated_decode_through_compare(emulate):
+    """The harness's decode problems: quantized once, checked, marked emulated and not timed."""
+    results = harness.compare(["3x40x256"], ["cuda.decode"], weights=["q4_0", "q8_0", "bf16"], baselines=False)
+    for fmt in FORMATS:
+        row = results.row("cuda.decode", "3x40x256", weights=fmt)
+        assert row.passed and row.mode == "emulated" and row.median_s is None, row
+
+
+@needs_emulation
+def test_a_scale_read_from_the_wrong_block_is_caught(emulate):
+    """A kernel that reads the scale of the wrong block (block 0 of every row) fails the check:
+    the test sees what the kernel computes, not only that it runs."""
+    from harness.sources import source_path
+
+    text = source_path("cuda/decode.cu").read_text()
+    right = "scale_of(__ldcs(scales + block))"
+    assert right in text
+    library = emulation.EmulatedLibrary(
+        emulation.build_emulation(
+            "cuda/decode.cu",
+            source_text=text.replace(right, "scale_of(__ldcs(scales + (size_t)row[r] * blocks))"),
+            tag="first-scale",
+        )
+    )
+    shape = Shape(2, 9, 256)
+    w = quant.quantize(_weights(shape.n, shape.k, seed=1), "q4_0")
+    x = np.random.default_rng(2).standard_normal((shape.m, shape.k)).astype(np.float32)
+    inputs, out_shape, k = plans.decode_buffers(x, w)
+    buffers = {name: emulation._aligned_copy(a) for name, a in inputs.items()}
+    buffers["C"] = emulation._aligned_copy(np.full(out_shape, np.nan, np.float32))
+    library.launch(
+        plans.plan(plans.decode_technique("q4_0", shape.m), "float32", shape.m, shape.n, k),
+        {name: b.ctypes.data for name, b in buffers.items()},
+    )
+    assert not check(buffers["C"], x, w.dequantize().T).passed
+
+
+def test_the_repacked_weights_are_ggmls_bytes_in_another_order():
+    for fmt, quant_bytes in (("q4_0", 16), ("q8_0", 32)):
+        n, k = 7, 96
+        w = quant.quantize(_weights(n, k, seed=3), fmt)
+        packed = plans.decode_weight_bytes(w)
+        blocks = w.data.reshape(n, k // 32, 2 + quant_bytes)
+        scales_end = n * (k // 32) * 2
+        quants_at = -(-scales_end // 16) * 16
+        assert quants_at % 16 == 0 and packed.size == quants_at + w.nbytes - scales_end
+        np.testing.assert_array_equal(packed[:scales_end], blocks[..., :2].reshape(-1))
+        np.testing.assert_array_equal(packed[quants_at:], blocks[..., 2:].reshape(-1))
+        assert not packed[scales_end:quants_at].any()
+    w = quant.quantize(_weights(3, 33, seed=4), "bf16")
+    rows = plans.decode_weight_bytes(w).view("<u2").reshape(3, 64)
+    np.testing.assert_array_equal(rows[:, :33], w.data.view("<u2").reshape(3, 33))
+    assert not rows[:, 33:].any()
+
+
+def test_the_launch_tiles_rows_of_x_and_shares_warps_between_short_rows():
+    # M = 1 gets the one-row kernel, 2..4 the four-row one, more the sixteen-row one
+    assert [plans.decode_technique("q4_0", m) for m in (1, 2, 4, 5, 16, 17)] == [
+        "decode_q4_0_m1",
+        "decode_q4_0_m4",
+        "decode_q4_0_m4",
+        "decode_q4_0_m16",
+        "decode_q4_0_m16",
+        "decode_q4_0_m16",
+    ]
+    long = plans.plan("decode_q4_0_m16", "float32", 17, 1000, 4096)
+    assert long.grid == (-(-1000 // 16), 2, 1) and long.block == (128, 1, 1)  # 4 warps x 4 rows; 2 passes over M
+    short = plans.plan("decode_q4_0_m1", "float32", 1, 1000, 32)  # K = 32: one lane per row, 128 rows per warp
+    assert short.grid == (-(-1000 // 512), 1, 1)
+    assert plans.plan("decode_q4_0_m1", "float32", 1, 1000, 256).grid == (-(-1000 // 64), 1, 1)  # 8 lanes a row
+
+
+def test_m_past_one_pass_and_bad_inputs_are_refused_or_handled_by_name():
+    impl = harness.lookup("cuda.decode")
+    w = quant.quantize(_weights(4, 64, seed=5), "q8_0")
+    with pytest.raises(harness.MatmulInputError, match="QuantizedWeights"):
+        impl.backend.prepare(impl, np.ones((1, 64), np.float32), np.ones((64, 4), np.float32), {})
+    with pytest.raises(harness.MatmulInputError, match="float32 activations"):
+        impl.backend.prepare(impl, np.ones((1, 64)), w, {})
+    with pytest.raises(harness.MatmulInputError, match="must equal W's K"):
+        impl.backend.prepare(impl, np.ones((1, 32), np.float32), w, {})
+
+
+# ---- the machine code ----------------------------------------------------------------------------------
+
+needs_nvcc = pytest.mark.skipif(toolkit.nvcc() is None, reason="nvcc not found")
+needs_sass = pytest.mark.skipif(sass.unavailable_reason() is not None, reason=str(sass.unavailable_reason()))
+KERNELS = [f"decode_{fmt}_m{tile}_f32" for fmt in FORMATS for tile in plans.DECODE_M_TILES]
+
+
+@needs_sass
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_decode_streams_w_in_16_byte_loads_without_spills(arch):
+    kernels = sass.cuda_sass("cuda/decode.cu", arch)
+    assert sorted(kernels) == sorted(KERNELS)
+    for name, instructions in kernels.items():
+        where = f"{name} on {arch}"
+        loads = sass.find(instructions, "LDG", "128")
+        # per block of W and row of it: 1 (q4_0), 2 (q8_0) or 4 (bf16) 16-byte loads, and 8 of X per row of X
+        every_load = sass.excerpt(instructions, sass.find(instructions, "LDG"))
+        assert len(loads) >= 8, f"{where}: {len(loads)} LDG.128\n{every_load}"
+        streaming = sass.find(instructions, "LDG", "128", "EF")
+        assert streaming, f"{where}: W is used once and should be read evict-first (__ldcs): no LDG.E.EF.128"
+        spills = sass.spills(instructions)
+        assert not spills, f"{where}: spills\n{sass.excerpt(instructions, spills)}"
+
+
+@needs_nvcc
+def test_decode_registers_fit_its_block_and_the_gemv_kernels_stay_lean():
+    kernels, log = resources.compile_with_ptxas("cuda/decode.cu", "sm_90")
+    registers = {k.kernel: k.registers for k in kernels}
+    assert not any(k.spills for k in kernels), log
+    for fmt in FORMATS:  # M = 1 is the bandwidth-bound GEMV: it must keep the occupancy to hide latency
+        assert registers[f"decode_{fmt}_m1_f32"] <= 64, log
+    assert max(registers.values()) <= 255, log
