@@ -64,8 +64,9 @@ def _weight_formats(weights, baselines: bool) -> list[str]:
 
 def _belongs(impl, fmt: str | None, explicit: bool) -> bool:
     """Whether ``impl`` gets a row in problems of weight format ``fmt`` (None: a plain matmul).
-    Rows of implementations that cannot take the format are left out, unless asked for by name
-    in a plain comparison (the row then says why it was skipped)."""
+    Rows of implementations that cannot take the format are left out (a glob such as 'c.*'
+    takes what fits), unless asked for by their exact name in a plain comparison (the row then
+    says why it was skipped)."""
     if fmt is None:
         return explicit or not impl.weights
     if fmt == FLOAT_WEIGHTS:
@@ -116,7 +117,7 @@ def compare(
     chosen = implementations(*patterns)
     if formats and not patterns:
         chosen = [impl for impl in chosen if impl.weights]
-    asked = {impl.name for impl in chosen} if patterns else set()
+    asked = set(patterns)  # named exactly: a decode kernel named in a plain comparison says why it has no row
     chosen = _with_baselines(chosen, baselines)
     options = options or {}
 
