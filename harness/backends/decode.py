@@ -191,9 +191,11 @@ class CDecodeBackend:
         return _CPrepared(impl.name, function, ffi, x, w, threads, DECODE_VARIANTS[variant])
 
 
-# Pure Python over NumPy blocks: about a microsecond per 32 weights and activation row (a few
-# tens of MFLOP/s), so 1 x 4096 x 4096 takes seconds.
-PYTHON_DECODE_RATE = 2e7
+# One NumPy block at a time: about 5-8 us per block of 32 weights whatever M (this project's
+# Zen 4), so about 1e7 FLOP/s at M = 1, the slowest case; 1 x 4096 x 4096 takes some 3 seconds
+# and is the largest problem it takes unless allow_slow.
+PYTHON_DECODE_RATE = 1e7
+PYTHON_DECODE_MAX_FLOPS = 2 * 4096 * 4096
 
 register(
     Implementation(
@@ -205,7 +207,7 @@ register(
         summary="decode, Y = X W^T with W in ggml's q8_0 / q4_0 / bf16: block by block in NumPy (the model)",
         backend=PythonDecodeBackend(),
         source="python/decode.py",
-        max_flops=2 * 16 * 4096 * 4096,
+        max_flops=PYTHON_DECODE_MAX_FLOPS,
         slow_rate=PYTHON_DECODE_RATE,
     )
 )
