@@ -342,6 +342,10 @@ def _check_int8(y, x, w, label):
     allowed = bound + tolerance("float32", k, ref.product, ref.terms_norm)
     error = np.abs(y - exact)
     assert (error <= allowed).all(), f"{label}: {int((error > allowed).sum())} outputs past X's rounding bound"
+    # 3. the model the harness checks it with: the exact product, plus the error X's q8_0
+    #    rounding implies (harness/activation_error.py), as the implementation declares
+    declared = check(y, x, w.dequantize().T, activation_rounding=INT8.activation_rounding)
+    assert declared.passed, f"{label} (declared activation rounding): {declared.message}"
     return float((error / np.maximum(allowed, 1e-300)).max())
 
 

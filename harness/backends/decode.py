@@ -226,11 +226,13 @@ register(
     )
 )
 
-# llama.cpp's rung: X quantized to q8_0 per block, integer dot products (c/decode_int8.c). Not
-# registered: its result carries X's rounding (up to half of d_x = max|x| / 127 per element of
-# each 32-wide block), which the float32 error model that every registered row is checked
-# with would rightly call wrong. tests/test_decode.py checks it against the float64 product of
-# the quantized X (``quantized_activations``) and bounds its distance from the exact product.
+# llama.cpp's rung: X quantized to q8_0 per block, integer dot products (c/decode_int8.c). Its
+# result carries X's rounding (up to half of d_x = max|x| / 127 per element of each 32-wide
+# block), which it declares (activation_rounding="q8_0": checking.py then allows that
+# rounding's error, harness/activation_error.py). Not registered yet: register(INT8_IMPLEMENTATION)
+# adds it to the comparisons (and a row to README.md's table). tests/test_decode.py checks it
+# against the float64 product of the quantized X (``quantized_activations``), bounds its
+# distance from the exact product, and runs the declared model.
 INT8_IMPLEMENTATION = Implementation(
     name="c.decode_int8",
     language="c",
@@ -240,6 +242,7 @@ INT8_IMPLEMENTATION = Implementation(
     summary="decode as llama.cpp does it: X quantized to q8_0 per block, int8 dot products (AVX2, AVX-512 VNNI)",
     backend=CDecodeBackend("matmul_decode_int8"),
     source="c/decode_int8.c",
+    activation_rounding="q8_0",
     options={"threads": None, "variant": "auto"},
     threaded=True,
 )
