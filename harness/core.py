@@ -62,6 +62,8 @@ class Backend(Protocol):
 
     # Optional: ``run_mode(impl) -> "native" | "emulated" | "interpreted"``, how prepare() would
     # run here. CPU stand-ins for GPU code are slow, so compare() caps their problem size.
+    # Optional: ``shape_problem(impl, shape) -> str | None``, why a kernel cannot take a shape
+    # that its metadata allows (torch's int4 kernel needs N to be a multiple of 16).
     # Optional: ``bind(impl, options) -> call(a, b) -> ndarray``, the direct call that
     # ``Matmul.__call__`` uses when it exists: the per-call work alone (no staging, no copy).
 
@@ -176,6 +178,10 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
         raise MatmulInputError(f"{impl.name} does not support dtype {name} (it supports {', '.join(impl.dtypes)})")
     if impl.operation == "gemv" and shape.m != 1:
         raise MatmulInputError(f"{impl.name} is a GEMV: it needs M = 1 (A of shape (1, K)), got A with M = {shape.m}")
+    shape_problem = getattr(impl.backend, "shape_problem", None)
+    problem = shape_problem(impl, shape) if shape_problem else None
+    if problem:
+        raise MatmulInputError(f"{impl.name} {problem}, got {shape} (MxNxK)")
     if impl.multiple_of > 1 and any(d % impl.multiple_of for d in shape):
         raise MatmulInputError(
             f"{impl.name} needs M, N and K to be multiples of {impl.multiple_of}, got {shape} (MxNxK)"

@@ -149,3 +149,14 @@ def test_the_memory_roof_is_measured_for_the_threads_a_row_uses():
     two = harness.machine.memory_roof_gbps(2)
     # two cores read at least about as fast as one (a busy machine can make them no faster)
     assert two is not None and two > 0.5 * one
+
+
+def test_torchs_int4_kernel_gets_the_q4_0_weights_exactly():
+    if not harness.lookup("torch.int4").available:
+        pytest.skip(harness.lookup("torch.int4").unavailable_reason())
+    shapes = ["1x16x32", "3x32x96", "17x48x4128", "5x33x64"]
+    results = harness.compare(shapes, ["torch.int4"], weights=["q4_0"], min_time=0.01, baselines=False, threads=1)
+    for shape in shapes[:3]:
+        assert results.row("torch.int4", shape, weights="q4_0").passed, shape
+    refused = results.row("torch.int4", "5x33x64", weights="q4_0")
+    assert refused.status.startswith("skipped") and "multiple of 16" in refused.status

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 START, END = "<!-- implementations:start -->", "<!-- implementations:end -->"
 READMES = [ROOT / "README.md", *sorted(ROOT.glob("*/README.md")), *sorted(ROOT.glob("results/*/README.md"))]
-FRONT_PAGE_LINES = 160  # "about 150": the detail lives next to the sources it explains
+FRONT_PAGE_LINES = 170  # "about 150" (the implementation table grows a line per rung); detail lives next to the sources
 
 
 def test_readme_table_is_current():

@@ -11,8 +11,13 @@ actually use:
   CPUs it runs BLIS's ``generic`` reference kernels, which no one would choose: the row's
   description says which library and kernel set ran.
 - ``torch.cpu``: ``torch.matmul`` on CPU tensors (MKL or oneDNN in PyTorch's CPU builds).
+- ``torch.int4``: PyTorch's CPU weight-only int4 kernel (``_weight_int4pack_mm_for_cpu``) on
+  decode problems with q4_0 weights. Its format is group-wise int4 with a scale and a zero
+  point per group; q4_0 is exactly that with groups of 32 and zero points 0 (w = (q - 8) d),
+  so the same weights reach it bit for bit, repacked in prepare. (torch's int8 kernel keeps
+  one scale per row, which no q8_0 matrix is: it has no row here.)
 
-Both take a ``threads`` option (BLIS's and PyTorch's own thread counts).
+All take a ``threads`` option (BLIS's and PyTorch's own thread counts).
 """
 from __future__ import annotations
 
@@ -201,6 +206,53 @@ class TorchCpuBackend:
         return _TorchPrepared(a, b, options.get("threads"))
 
 
+class _TorchInt4Prepared:
+    mode = "native"
+
+    def __init__(self, x: np.ndarray, weights, threads):
+        import torch
+
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+        blocks = weights.data.reshape(weights.n, weights.k // 32, 18)
+        scales = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, K / 32]
+        packed = blocks[..., 2:]
+        nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(weights.n, weights.k)
+        self.w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(nibbles.astype(np.int32)), 1)
+        scale = torch.from_numpy(np.ascontiguousarray(scales.T))  # [K / 32, N]
+        self.scales_and_zeros = torch.stack([scale, torch.zeros_like(scale)], dim=-1).contiguous()
+        self.x = torch.tensor(x)
+        self.mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+        self.y = None
+
+    def run(self) -> None:
+        self.y = self.mm(self.x, self.w, 32, self.scales_and_zeros)
+
+    def result(self) -> np.ndarray:
+        return self.y.numpy().copy()
+
+
+class TorchInt4Backend(TorchCpuBackend):
+    def unavailable_reason(self, impl):
+        reason = super().unavailable_reason(impl)
+        if reason:
+            return reason
+        import torch
+
+        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+            return f"PyTorch {torch.__version__} has no _weight_int4pack_mm_for_cpu (it came in 2.5)"
+        return None
+
+    def shape_problem(self, impl, shape) -> str | None:
+        return "needs N to be a multiple of 16 (its packing of the weights)" if shape.n % 16 else None
+
+    def bind(self, impl, options):
+        return None  # only prepare: the weights are repacked once, outside the timed call
+
+    def prepare(self, impl, a, b, options):
+        return _TorchInt4Prepared(a, b, options.get("threads"))
+
+
 register(Implementation(
     name="blis.gemm", language="blis", device="cpu", dtypes=("float32", "float64"),
     summary="BLIS's sgemm/dgemm through CBLAS, with the kernel set BLIS picks for this CPU (a peer)",
@@ -210,4 +262,9 @@ register(Implementation(
     name="torch.cpu", language="torch", device="cpu", dtypes=("float32", "float64"),
     summary="torch.matmul on CPU tensors: MKL or oneDNN (a peer)",
     backend=TorchCpuBackend(), options={"threads": None}, threaded=True, peer=True,
+))
+register(Implementation(
+    name="torch.int4", language="torch", device="cpu", dtypes=("float32",), weights=("q4_0",),
+    summary="torch's CPU weight-only int4 kernel, q4_0 as group-32 int4 with zero points 0 (a peer)",
+    backend=TorchInt4Backend(), options={"threads": None}, threaded=True, peer=True,
 ))
