@@ -121,8 +121,10 @@ static int64_t threads_for(int64_t threads, double fmas, int64_t max_parts) {
 
 /* ---- M = 1: y = a B, streaming B ----------------------------------------------------------- */
 
-/* y holds a chunk of this many bytes, updated by every row of B: it stays in L1. */
-enum { GEMV_CHUNK = 8192 / sizeof(real), GEMV_ROWS = 8 };
+/* y holds a chunk of this many bytes, updated by every row of B: it stays in L1 or close to it,
+ * and each row of B is read in pieces this long, long enough for the prefetcher to run ahead
+ * (8 KiB pieces were 10-20% slower at 1 x 4096 x 14336 than NumPy, 32 KiB ones level with it). */
+enum { GEMV_CHUNK = 32768 / sizeof(real), GEMV_ROWS = 8 };
 
 /* y[j0:j1] = a @ B[:, j0:j1]. Eight rows of B per pass over the chunk: y is loaded and stored
  * once per eight FMAs, and the eight rows (N apart, so eight separate streams from memory)

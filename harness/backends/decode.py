@@ -229,11 +229,10 @@ register(
 # llama.cpp's rung: X quantized to q8_0 per block, integer dot products (c/decode_int8.c). Its
 # result carries X's rounding (up to half of d_x = max|x| / 127 per element of each 32-wide
 # block), which it declares (activation_rounding="q8_0": checking.py then allows that
-# rounding's error, harness/activation_error.py). Not registered yet: register(INT8_IMPLEMENTATION)
-# adds it to the comparisons (and a row to README.md's table). tests/test_decode.py checks it
+# rounding's error, harness/activation_error.py). tests/test_decode.py checks it
 # against the float64 product of the quantized X (``quantized_activations``), bounds its
 # distance from the exact product, and runs the declared model.
-INT8_IMPLEMENTATION = Implementation(
+INT8_IMPLEMENTATION = register(Implementation(
     name="c.decode_int8",
     language="c",
     device="cpu",
@@ -245,7 +244,7 @@ INT8_IMPLEMENTATION = Implementation(
     activation_rounding="q8_0",
     options={"threads": None, "variant": "auto"},
     threaded=True,
-)
+))
 
 
 def quantized_activations(x: np.ndarray) -> np.ndarray:
