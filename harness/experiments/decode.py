@@ -35,7 +35,7 @@ FORMATS = ("float32", "bf16", "q8_0", "q4_0")
 BATCH_SHAPE = "4096x14336"  # N x K of the down projection
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 BYTES_PER_WEIGHT = {"float32": 4.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
-OURS = ("c.decode", "c.packed")  # c.packed: the float32 GEMV the quantized ones are measured against
+OURS = ("c.decode", "c.decode_int8", "c.packed")  # c.packed: the float32 GEMV the quantized ones are measured against
 
 
 def add_arguments(parser) -> None:
@@ -112,7 +112,7 @@ def figure(data: dict):
     left.set_xticks([BYTES_PER_WEIGHT[f] for f in data["formats"]],
                     [f"{f}\n{BYTES_PER_WEIGHT[f]:.3g} B" for f in data["formats"]])
     left.set_xlabel("bytes per weight")
-    left.set_ylabel("time per product (ms; ours: c.decode, float32 c.packed)")
+    left.set_ylabel("ms per product (ours: best of c.decode, c.decode_int8; float32: c.packed)")
     left.set_title(f"M = 1, {threads} thread(s): time against bytes (dotted: bytes / memory roof"
                    + (f", {roof:.0f} GB/s)" if roof else ")"), fontsize=9)
     left.grid(True, which="both", alpha=0.3)
