@@ -178,6 +178,19 @@ def findings(data: dict) -> list[str]:
             out.append(f"{shape}, {threads} thread(s): q4_0 runs at {ratio_text(_ratio(q4, f32))} the speed of "
                        f"float32 for {4 / BYTES_PER_WEIGHT['q4_0']:.1f}x fewer bytes, at "
                        f"{q4.get('memory_pct', 0):.0f}% of the memory roof: bound by {bound}")
+    for fmt in ("q4_0", "q8_0", "float32"):
+        ratios = []
+        for row in rows:
+            if row["sweep"] == "bytes" and row.get("weights") == fmt and row["implementation"] in OURS:
+                best = _ours(rows, sweep="bytes", shape=row["shape"], weights=fmt, threads_asked=row["threads_asked"])
+                peers = [r for r in rows if r["sweep"] == "bytes" and r.get("weights") == fmt and r["shape"] == row["shape"]
+                         and r["threads_asked"] == row["threads_asked"] and r["implementation"] not in OURS]
+                if best is row and _best(peers):
+                    ratios.append((_ratio(row, _best(peers)), row["shape"], row["threads_asked"]))
+        if ratios:
+            low, high = min(ratios), max(ratios)
+            out.append(f"{fmt}: ours against the best peer (same shape and threads): {ratio_text(low[0])} "
+                       f"({low[1]}, {low[2]} thread(s)) to {ratio_text(high[0])} ({high[1]}, {high[2]} thread(s))")
     batch = sorted({r["m"] for r in rows if r["sweep"] == "batch"})
     for fmt in data["formats"]:
         times = {m: row["median_s"] for m in batch if (row := _ours(rows, sweep="batch", m=m, weights=fmt))}
