@@ -15,6 +15,7 @@ from .core import BrokenError, Implementation, Matmul, MatmulInputError, Unavail
 from .inputs import Shape, make_inputs, parse_shape
 from .external import add_external
 from .registry import REGISTRY, implementations, lookup, register
+from . import quant  # decode weight formats: harness.quant.quantize(w, "q4_0")
 
 
 def get(name: str, **options) -> Matmul:

@@ -7,6 +7,8 @@ import pytest
 
 DEFAULT_BENCH_SHAPES = "128 512 1024 1x4096x4096"
 DEFAULT_BENCH_DTYPES = "float32"
+DEFAULT_DECODE_SHAPES = "1x4096x14336"  # Llama-3-8B's down projection, one token
+DEFAULT_DECODE_WEIGHTS = "q4_0 q8_0 bf16 float32"
 
 
 def pytest_addoption(parser):
@@ -24,6 +26,14 @@ def pytest_addoption(parser):
     group.addoption(
         "--matmul-dtypes", default=None,
         help=f"benchmark dtypes (env MATMUL_BENCH_DTYPES; default '{DEFAULT_BENCH_DTYPES}')",
+    )
+    group.addoption(
+        "--matmul-decode-shapes", default=None,
+        help=f"decode benchmark shapes MxNxK, W [N, K] (env MATMUL_BENCH_DECODE_SHAPES; default '{DEFAULT_DECODE_SHAPES}')",
+    )
+    group.addoption(
+        "--matmul-weights", default=None,
+        help=f"decode benchmark weight formats (env MATMUL_BENCH_WEIGHTS; default '{DEFAULT_DECODE_WEIGHTS}')",
     )
 
 
@@ -124,7 +134,8 @@ def benchmark_summary(benchmarks) -> list[str]:
         if bench.stats is not None and bench.extra_info.get("flops"):
             groups.setdefault(bench.group, []).append(bench)
     lines = ["", "matmul summary: the median of each benchmark, GFLOP/s = 2*M*N*K / median,",
-             "% of one core's measured FMA roof ('?' where a kernel beat it: the roof was measured low)"]
+             "% of one core's measured FMA roof ('?' where a kernel beat it: the roof was measured low);",
+             "decode groups: GB/s of the bytes read (packed weights, X, Y), % of one core's memory roof"]
     for group in sorted(groups, key=_group_key):
         cases = groups[group]
         baseline = {}
@@ -134,17 +145,26 @@ def benchmark_summary(benchmarks) -> list[str]:
                 baseline[impl.device] = bench.stats.median
         lines.append("")
         lines.append(f"{group}:")
-        lines.append(f"  {'implementation':<24} {'median':>10} {'GFLOP/s':>10} {'% peak':>7} {'vs base':>9}")
+        decode = any("weights" in bench.extra_info for bench in cases)
+        # decode: GB/s of the bytes read, against the one-thread memory roof; else % of the FMA roof
+        rate, roof = ("GB/s", "% mem") if decode else ("GFLOP/s", "% peak")
+        lines.append(f"  {'implementation':<24} {'median':>10} {rate:>10} {roof:>7} {'vs base':>9}")
         for bench in sorted(cases, key=lambda b: b.stats.median, reverse=True):
             impl = harness.lookup(bench.extra_info["implementation"])
             median = bench.stats.median
-            gflops = bench.extra_info["flops"] / median / 1e9
             dtype = bench.extra_info["dtype"]
-            peak = machine.cpu_peak_gflops(dtype, 1) if impl.device == "cpu" else None
-            share = f"{100 * gflops / peak:.0f}%" + ("?" if gflops > peak else "") if peak else ""
+            if decode:
+                value = bench.extra_info["bytes"] / median / 1e9
+                peak = machine.memory_roof_gbps(1) if impl.device == "cpu" else None
+                label = f"{impl.name} ({bench.extra_info['weights']})"
+            else:
+                value = bench.extra_info["flops"] / median / 1e9
+                peak = machine.cpu_peak_gflops(dtype, 1) if impl.device == "cpu" else None
+                label = impl.name
+            share = f"{100 * value / peak:.0f}%" + ("?" if value > peak else "") if peak else ""
             base = baseline.get(impl.device)
             speed = ratio_text(base / median) if base else ""
-            lines.append(f"  {impl.name:<24} {format_time(median):>10} {gflops:>10.3g} {share:>7} {speed:>9}")
+            lines.append(f"  {label:<24} {format_time(median):>10} {value:>10.3g} {share:>7} {speed:>9}")
     return lines
 
 
@@ -156,6 +176,13 @@ def bench_shapes(config) -> tuple[list[str], bool]:
     """(shapes, chosen_by_user)."""
     chosen = config.getoption("--matmul-shapes") or os.environ.get("MATMUL_BENCH_SHAPES")
     return _split(chosen or DEFAULT_BENCH_SHAPES), bool(chosen)
+
+
+def bench_decode(config) -> tuple[list[str], list[str]]:
+    """(decode shapes, weight formats) of the decode benchmarks."""
+    shapes = config.getoption("--matmul-decode-shapes") or os.environ.get("MATMUL_BENCH_DECODE_SHAPES")
+    weights = config.getoption("--matmul-weights") or os.environ.get("MATMUL_BENCH_WEIGHTS")
+    return _split(shapes or DEFAULT_DECODE_SHAPES), _split(weights or DEFAULT_DECODE_WEIGHTS)
 
 
 def bench_dtypes(config) -> list[str]:

@@ -3,6 +3,7 @@
     pytest --benchmark-only                                   # default shapes, float32
     pytest --benchmark-only --matmul-shapes "256 1024x1024x512" --matmul-dtypes "float32 float64"
     MATMUL_BENCH_SHAPES="2048" pytest --benchmark-only -k c.
+    pytest --benchmark-only -k decode --matmul-decode-shapes "1x4096x14336 8x4096x14336" --matmul-weights "q4_0 q8_0"
 
 Plain `pytest` runs each case once, untimed, as a check. Pure Python only runs the small
 shapes unless you choose the shapes yourself (and even then not beyond its size limit).
@@ -10,19 +11,30 @@ CPU stand-ins for GPU code (emulated CUDA, interpreted Triton) are never timed h
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
+import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
 import harness
+from harness import quant
 from harness.core import MatmulInputError, check_problem
 from harness.inputs import parse_shape
 
-from conftest import bench_dtypes, bench_shapes
+from conftest import bench_decode, bench_dtypes, bench_shapes
 
 PURE_PYTHON_DEFAULT_MAX_FLOPS = 2 * 128**3
 
 
 def pytest_generate_tests(metafunc):
+    if "decode_case" in metafunc.fixturenames:
+        shapes, formats = bench_decode(metafunc.config)
+        cases = [pytest.param((impl.name, parse_shape(shape), fmt), id=f"{impl.name}-{shape}-{fmt}")
+                 for shape in shapes for fmt in formats for impl in harness.implementations()
+                 if impl.device == "cpu" and "float32" in impl.dtypes
+                 and (fmt in impl.weights if fmt != "float32" else (not impl.weights and impl.language != "python"))]
+        metafunc.parametrize("decode_case", cases)
     if "bench_case" not in metafunc.fixturenames:
         return
     shapes, chosen = bench_shapes(metafunc.config)
@@ -67,6 +79,45 @@ def test_matmul(benchmark, bench_case):
     assert outcome.passed, f"{name} at {shape} {dtype}: {outcome.message}"
     if benchmark.stats is not None and benchmark.stats.stats.median > 0:
         benchmark.extra_info["gflops"] = shape.flops / benchmark.stats.stats.median / 1e9
+
+
+@lru_cache(maxsize=2)
+def _decode_problem(shape, fmt: str):
+    """X, what the kernel is given (quantized W, or B = W^T for float32) and the float B the
+    reference multiplies: made once per shape and format, outside the timed region."""
+    x, b = harness.make_inputs(shape, "float32")
+    if fmt == "float32":
+        return x, b, b
+    weights = quant.quantize(np.ascontiguousarray(b.T), fmt)
+    return x, weights, weights.dequantize().T
+
+
+def test_decode(benchmark, decode_case):
+    """Decode rows (M activation rows times W [N, K] in a weight format), grouped by shape so
+    that every format's time is read against NumPy's float32 product."""
+    name, shape, fmt = decode_case
+    impl = harness.lookup(name)
+    try:
+        check_problem(impl, shape, "float32")
+    except MatmulInputError as error:
+        pytest.skip(str(error))
+    reason = impl.unavailable_reason()
+    if reason:
+        pytest.skip(f"{name} unavailable: {reason}")
+    x, given, float_b = _decode_problem(shape, fmt)
+    options = {"threads": 1} if impl.threaded else {}
+    try:
+        prepared = harness.get(name, **options).prepare(x, given)
+    except MatmulInputError as error:  # a shape the kernel refuses (torch.int4: N % 16)
+        pytest.skip(str(error))
+    benchmark.group = f"{shape} decode"
+    weight_bytes = given.nbytes if fmt != "float32" else float_b.nbytes
+    benchmark.extra_info.update(implementation=name, shape=str(shape), dtype="float32", weights=fmt,
+                                flops=shape.flops, bytes=weight_bytes + (x.nbytes + shape.m * shape.n * 4))
+    with threadpool_limits(limits=1):
+        benchmark(prepared.run)
+    outcome = harness.check(prepared.result(), x, float_b, activation_rounding=impl.activation_rounding)
+    assert outcome.passed, f"{name} at {shape} {fmt}: {outcome.message}"
 
 
 CALL_OVERHEAD_CASES = [
