@@ -14,6 +14,8 @@ A request names a kernel, a dtype, an architecture and which configs:
     ("matmul", "bf16", 90, 2)         the architecture's list's config 2, kept or not
     ("gemv", "bf16", 90, 2)           CONFIGS[2]
     ("gemv", "bf16", 90, 0, 4)        CONFIGS[0] with num_stages = 4
+    ("decode", "q4_0", 90, "first")   triton/decode.py's CONFIGS[0] for q4_0 weights, M = 1
+    ("decode", "q8_0/m16", 90, 2)     CONFIGS[2], 16 rows of X
     ("matmul_tma", "bf16", 90, "every")  every Hopper config of triton/matmul_tma.py that fits
                                       SHARED_MEMORY; an index picks one of HOPPER_CONFIGS
 """
@@ -53,7 +55,8 @@ def load(relative):
     return module
 
 mm, gv, tma = load("triton/matmul.py"), load("triton/gemv.py"), load("triton/matmul_tma.py")
-assert not mm.INTERPRETED and not gv.INTERPRETED and not tma.INTERPRETED
+dc = load("triton/decode.py")
+assert not mm.INTERPRETED and not gv.INTERPRETED and not tma.INTERPRETED and not dc.INTERPRETED
 TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 KERNELS = {
     # kernel, pointer arguments, arguments divisible by 16, constants of a row-major call
@@ -63,7 +66,10 @@ KERNELS = {
              {"stride_wk": 1, "stride_x": 1, "stride_y": 1}),
     # tensor descriptors instead of pointers; 132 programs: an H100 SXM's (and H200's) SMs
     "matmul_tma": (tma.matmul_tma_kernel, [], ["M", "N", "K"], {"NUM_PROGRAMS": 132, "UPCAST": False}),
+    # dtype: the weight format, optionally with the rows of X, "q4_0/m16"; pointers typed in build()
+    "decode": (dc.decode_kernel, ["x_ptr", "s_ptr", "q_ptr", "y_ptr"], ["K"], {}),
 }
+DECODE_POINTERS = {"q4_0": ("*fp16", "*u8"), "q8_0": ("*fp16", "*i8"), "bf16": ("*bf16", "*bf16")}
 
 def descriptor_types(dtype, kw):  # the descriptor arguments' types, spelled as Triton's launcher does
     c_n = kw["BLOCK_N"] // 2 if kw["EPILOGUE_SUBTILE"] else kw["BLOCK_N"]
@@ -74,6 +80,10 @@ def descriptor_types(dtype, kw):  # the descriptor arguments' types, spelled as 
 def configs(kernel, dtype, sm, which):
     if kernel == "gemv":
         kept = gv.CONFIGS
+    elif kernel == "decode":
+        kept = dc.CONFIGS
+        if isinstance(which, int):
+            return [kept[which]]
     elif kernel == "matmul_tma":
         if isinstance(which, int):
             return [tma.HOPPER_CONFIGS[which]]
@@ -94,6 +104,11 @@ def build(kernel, dtype, sm, config, stages):
         constants["INPUT_PRECISION"] = "ieee" if dtype == "fp32" else "tf32"
     signature = {arg: "i32" for arg in fn.arg_names}
     signature.update({arg: "*" + dtype for arg in pointers})
+    if kernel == "decode":
+        fmt, _, rows = dtype.partition("/m")
+        constants.update(FORMAT=dc._FORMAT_CODE[fmt], BLOCK_M=int(rows or 1))
+        scales, quants = DECODE_POINTERS[fmt]
+        signature.update(x_ptr="*fp32", s_ptr=scales, q_ptr=quants, y_ptr="*fp32")
     if kernel == "matmul_tma":
         signature.update(descriptor_types(dtype, config.kwargs))
     signature.update({arg: "constexpr" for arg in constants})
@@ -127,8 +142,8 @@ print(json.dumps({"results": results}))
 @dataclass(frozen=True)
 class Compiled:
     name: str        # "matmul bf16 128x256x64 warps=8 stages=3"
-    kernel: str      # "matmul", "gemv" or "matmul_tma"
-    dtype: str       # Triton's spelling: fp32, fp16, bf16
+    kernel: str      # "matmul", "gemv", "matmul_tma" or "decode"
+    dtype: str       # Triton's spelling: fp32, fp16, bf16 (decode: the weight format, "q4_0/m16")
     sm: int          # 90 or 80
     config: dict
     warps: int

@@ -337,3 +337,47 @@ register(Implementation(
     requires=("gpu", "torch", "triton"),
     options={"config": None},
 ))
+
+
+class TritonDecodeBackend(TritonBackend):
+    """triton/decode.py: Y = X W^T for W quantized (quant.QuantizedWeights). In prepare (not
+    timed) the weights' bytes become the two tensors the kernel reads (``pack``: the scales
+    apart from the quants, the same values) on the device, and X a float32 tensor."""
+
+    def __init__(self):
+        super().__init__("decode")
+
+    def estimate_seconds(self, impl, shape, dtype: str) -> float:
+        module = load_source(impl.source)
+        blocks = module.INTERPRETER_CONFIG
+        programs = -(-shape.n // blocks["BLOCK_N"]) * -(-shape.m // module.MAX_M)
+        steps = -(-shape.k // (32 * blocks["BLOCK_B"]))
+        return programs * (INTERPRETED_SECONDS_PER_PROGRAM + steps * INTERPRETED_SECONDS_PER_STEP)
+
+    def prepare(self, impl, a, b, options):
+        import torch
+
+        from .decode import decode_inputs
+
+        x, w = decode_inputs(impl, a, b)
+        module = load_source(impl.source)
+        mode = setup()[0]
+        device = "cuda" if mode == "native" else "cpu"
+        scales, quants = module.pack(w.format, w.n, w.k, torch.from_numpy(w.data.copy()))
+        scales = scales.to(device) if scales is not None else None
+        quants = quants.to(device)
+        tx = to_torch(x, device)
+        kwargs = {k: v for k, v in options.items() if v is not None}
+        launch = lambda: module.decode(tx, w.format, scales, quants, **kwargs)  # noqa: E731
+        return _TritonPrepared(mode, launch, (x.shape[0], w.n))
+
+
+register(Implementation(
+    name="triton.decode", language="triton", device="gpu", dtypes=("float32",), weights=("q8_0", "q4_0", "bf16"),
+    summary="decode, Y = X W^T with W in q8_0 / q4_0 / bf16: blocks of W dequantized in registers, each applied to "
+        "M = 1..16 rows of X, FP32 accumulate",
+    backend=TritonDecodeBackend(),
+    source="triton/decode.py",
+    requires=("gpu", "torch", "triton"),
+    options={"config": None},
+))
