@@ -43,7 +43,15 @@ from __future__ import annotations
 
 import numpy as np
 
-ROUNDINGS = ("q8_0",)
+ROUNDINGS = ("q8_0", "bf16")
+# "bf16": a kernel that takes X in bfloat16, its weights' block scales in bfloat16 and gives its
+# sums in bfloat16 (torch's int4 weight-only kernel, backends/torch_int4.py). Each of the three
+# roundings is at most u = 2^-8 relative (round to nearest, 8 significant bits), so the sum
+# moves by at most 2u * sum_k |x_k w_k| (X and the scales, to first order) and the output by
+# u * |y| <= u * sum_k |x_k w_k|: a worst-case bound of BF16_IO_UNITS * u * sum_k |x_k w_k|
+# (3 for the three, plus room for the second-order terms).
+BF16_UNIT = 2.0**-8
+BF16_IO_UNITS = 3.05
 BLOCK = 32
 SIGMA_SAFETY = 8.0
 # Blocks' partial products are formed this many (M x N x blocks) elements at a time.
@@ -76,6 +84,8 @@ def extra_allowed(a, b, rounding: str = "q8_0") -> np.ndarray:
     a64 = np.asarray(a, dtype=np.float64)
     b64 = np.asarray(b, dtype=np.float64)
     (m, k), n = a64.shape, b64.shape[1]
+    if rounding == "bf16":
+        return BF16_IO_UNITS * BF16_UNIT * (np.abs(a64) @ np.abs(b64))
     if k % BLOCK:
         raise ValueError(f"{rounding} activation rounding needs K to be a multiple of {BLOCK}, got K = {k}")
     if 0 in (m, n, k):

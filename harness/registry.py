@@ -62,4 +62,4 @@ def lookup(name: str) -> Implementation:
 
 
 # Reading order: each module registers its implementations as it is imported.
-from .backends import python_loops, c, decode, numpy_blas, peers, ggml_peer, cuda, torch_gpu, triton_kernels  # noqa: E402, F401
+from .backends import python_loops, c, decode, numpy_blas, peers, ggml_peer, cuda, torch_gpu, torch_int4, triton_kernels  # noqa: E402, F401

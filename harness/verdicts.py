@@ -5,6 +5,8 @@ missed, or not judged (the rows it needs are missing, failed or untimed). Exit s
 when every target is met. Targets are ratios against cuBLAS measured in the same run, or shares of the
 memory roof, so they hold on any Hopper GPU; they were set for an H200. GEMV rows are scored
 against both the datasheet HBM bandwidth and the device-to-device copy measured in that run.
+Decode rows (quantized weights) are told apart by their weight format; their targets are a
+share of that measured copy and a ratio against a GPU peer's row at the same problem.
 """
 from __future__ import annotations
 
@@ -19,12 +21,18 @@ class Target:
     implementation: str
     shape: str          # MxNxK, as rows record it
     dtype: str
-    kind: str           # "vs_cublas": baseline time / this time; "hbm": share of datasheet bandwidth
+    kind: str           # "vs_cublas": baseline time / this time; "hbm": share of datasheet bandwidth;
+                        # "copy": share of the measured device-to-device copy; "vs_peer": peer's time / this time
     at_least: float
+    weights: str | None = None  # a decode row's weight format (q4_0, ...); None: a plain matmul
+    peer: str | None = None     # "vs_peer": the implementation compared with, at the same problem
 
     def describe(self) -> str:
-        what = f"{self.at_least:.0%} of cuBLAS" if self.kind == "vs_cublas" else f"{self.at_least:.0%} of HBM bandwidth"
-        return f"{self.implementation} {self.dtype} {self.shape}: at least {what}"
+        what = {"vs_cublas": f"{self.at_least:.0%} of cuBLAS", "hbm": f"{self.at_least:.0%} of HBM bandwidth",
+                "copy": f"{self.at_least:.0%} of the measured copy bandwidth",
+                "vs_peer": f"{self.at_least:.2f}x {self.peer}"}[self.kind]
+        weights = f" {self.weights} weights" if self.weights else ""
+        return f"{self.implementation} {self.dtype} {self.shape}{weights}: at least {what}"
 
 
 TARGETS = (
@@ -39,6 +47,11 @@ TARGETS = (
       for n in (4096, 8192) for dtype in ("float16", "bfloat16")),
     *(Target("triton.matmul_tma", f"{n}x{n}x{n}", "bfloat16", "vs_cublas", 0.95) for n in (4096, 8192)),
     *(Target("triton.gemv", "1x16384x16384", dtype, "hbm", 0.80) for dtype in ("float16", "bfloat16")),
+    # q4_0 decode GEMV at >= 100 MB of weights (151 and 132 MB): the bytes at 80% of what a copy
+    # moves, and at least as fast as torch's int4 weight-only kernel on the same weights
+    *(Target(name, shape, "float32", kind, at_least, weights="q4_0", peer=peer)
+      for name in ("cuda.decode", "triton.decode") for shape in ("1x16384x16384", "1x28672x8192")
+      for kind, at_least, peer in (("copy", 0.80, None), ("vs_peer", 1.0, "torch.int4_gpu"))),
 )
 
 
@@ -58,7 +71,8 @@ def judge(documents: list[dict]) -> list[Verdict]:
     datasheet_gbps = None
     for document in documents:
         for row in document.get("results", []):
-            rows[(row["implementation"], row["shape"], row["dtype"])] = row
+            weights = row.get("weights")
+            rows[(row["implementation"], row["shape"], row["dtype"], None if weights == "None" else weights)] = row
         gpu = document.get("machine", {}).get("gpu") or {}
         copy_gbps = gpu.get("copy_bandwidth_gbps", copy_gbps)
         datasheet_gbps = (gpu.get("datasheet") or {}).get("bandwidth", datasheet_gbps)
@@ -66,11 +80,26 @@ def judge(documents: list[dict]) -> list[Verdict]:
 
 
 def _judge_one(target: Target, rows: dict, copy_gbps, datasheet_gbps) -> Verdict:
-    row = rows.get((target.implementation, target.shape, target.dtype))
+    row = rows.get((target.implementation, target.shape, target.dtype, target.weights))
     if row is None:
         return Verdict(target, "not judged", "no row in the comparison")
     if row.get("status") != "ok" or not row.get("median_s"):
         return Verdict(target, "not judged", f"row not timed: {row.get('status', '')[:120]}")
+    if target.kind == "vs_peer":
+        peer = rows.get((target.peer, target.shape, target.dtype, target.weights))
+        if peer is None or peer.get("status") != "ok" or not peer.get("median_s"):
+            why = "no row" if peer is None else f"its row not timed: {peer.get('status', '')[:100]}"
+            return Verdict(target, "not judged", f"{target.peer}: {why}")
+        ratio = peer["median_s"] / row["median_s"]
+        detail = f"{ratio:.2f}x {target.peer} ({row['median_s'] * 1e6:.0f} us against {peer['median_s'] * 1e6:.0f} us)"
+        return Verdict(target, "met" if ratio >= target.at_least else "missed", detail)
+    if target.kind == "copy":
+        gbps = row.get("gbytes_per_s")
+        if gbps is None or not copy_gbps:
+            return Verdict(target, "not judged", "no GB/s in the row" if gbps is None else "no measured copy bandwidth")
+        share = gbps / copy_gbps
+        detail = f"{gbps:.0f} GB/s = {share:.0%} of the {copy_gbps:.0f} GB/s measured copy"
+        return Verdict(target, "met" if share >= target.at_least else "missed", detail)
     if target.kind == "vs_cublas":
         ratio = row.get("speedup")
         if ratio is None:

@@ -14,8 +14,10 @@
 #                kernel that hung is tried again, built to report its producer's and consumers'
 #                k-steps: cuda/progress.h)
 #   comparison   GEMM 4096 and 8192 in float32, bfloat16 and float16 and GEMV 1x16384x16384
-#                against cuBLAS, in groups of one process each (cuBLAS first, a kernel the smoke
-#                test condemned skipped); the JSON is rewritten after every group
+#                against cuBLAS, then decode (1x16384x16384 and 1x28672x8192 with q4_0, q8_0 and
+#                bf16 weights, beside cuBLAS's FP32 and BF16 GEMV and torch's int4 kernel, then
+#                M = 2..16 in q4_0), in groups of one process each (cuBLAS first, a kernel the
+#                smoke test condemned skipped); the JSON is rewritten after every group
 #   correctness  every CUDA and Triton kernel at the edge shapes, outputs pre-filled with NaN,
 #                through every installed loader (tests/test_cuda_gpu.py, test_triton_gpu.py),
 #                the never-run kernels first, a timeout per test, one config per autotuned kernel

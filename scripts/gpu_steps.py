@@ -5,7 +5,7 @@ timeouts, because a hung kernel cannot be interrupted from Python and a faulting
 its process's CUDA context for every later launch:
 
     python scripts/gpu_steps.py smoke   --out DIR [--timeout S]
-    python scripts/gpu_steps.py compare --out DIR [--budget S] [--group NAME:IMPLS:SHAPES:DTYPES ...]
+    python scripts/gpu_steps.py compare --out DIR [--budget S] [--group NAME:IMPLS:SHAPES:DTYPES[:WEIGHTS] ...]
     python scripts/gpu_steps.py tests   --out DIR [--budget S] [--test-timeout S] [--first PATTERN ...] TESTS...
 
 smoke    Each kernel that has never run on a GPU, at one shape that wraps its pipeline ring
@@ -15,9 +15,10 @@ smoke    Each kernel that has never run on a GPU, at one shape that wraps its pi
          more, built to report how far its producer and consumers got (cuda/progress.h).
          smoke.json and smoke.txt.
 compare  The comparison in groups, one process each: the baseline (cuBLAS) first, then each
-         never-run kernel alone, then the proven ones; a kernel the smoke step found hung or
-         faulting is skipped. Every finished (shape, dtype) appends its rows to rows.jsonl at
-         once, and comparison.json and .csv are rewritten whole after every group, so a run cut
+         never-run kernel alone, then the proven ones, then the decode kernels (quantized
+         weights: a group's WEIGHTS); a kernel the smoke step found hung or faulting is
+         skipped. Every finished problem (shape, dtype, weight format) appends its rows to
+         rows.jsonl at once, and comparison.json and .csv are rewritten whole after every group, so a run cut
          anywhere keeps what finished. groups.txt says how each group ended.
 tests    pytest with a timeout per test: the tests matching --first (the never-run kernels)
          before the rest; a test that hangs is recorded and pytest restarted past it; every
@@ -56,22 +57,37 @@ SMOKE_DTYPE = "bfloat16"
 GEMM_SHAPES = ["4096", "8192"]
 GEMV_SHAPES = ["1x16384x16384"]
 ALL_DTYPES = ["float32", "bfloat16", "float16"]
+# Decode: X [M, K] float32 times W [N, K] in each format, W at least 100 MB in q4_0 (151 and 132
+# MB), so the L2 (50-60 MB) cannot hold it; "float32" is the plain product (cuBLAS's FP32 GEMV),
+# and cuBLAS's BF16 GEMV (torch.matmul on bfloat16 weights) is the plain bfloat16 problem at the
+# same shapes. Then batched decode, M = 2..16, at one of them, in q4_0.
+DECODE_SHAPES = ["1x16384x16384", "1x28672x8192"]
+DECODE_WEIGHTS = ["q4_0", "q8_0", "bf16", "float32"]
+BATCH_SHAPES = ["2x28672x8192", "4x28672x8192", "8x28672x8192", "16x28672x8192"]
 
 
-def default_groups() -> list[tuple[str, list[str], list[str], list[str]]]:
-    """(name, implementations, shapes, dtypes) in order of value, from the registry: the
-    baseline, each never-run kernel alone, then the proven kernels of each language. GEMV
-    shapes run only the GEMV kernels (a GEMM kernel at M = 1 says nothing the GEMV rows do not)."""
+def default_groups() -> list[tuple[str, list[str], list[str], list[str], list[str]]]:
+    """(name, implementations, shapes, dtypes, weight formats) in order of value, from the
+    registry: the baseline, each never-run kernel alone, then the proven kernels of each
+    language, then the decode kernels and their GPU peers (weight formats: [] for a plain
+    matmul). GEMV shapes run only the GEMV kernels (a GEMM kernel at M = 1 says nothing the
+    GEMV rows do not)."""
     import harness
 
     gpu = [impl for impl in harness.implementations() if impl.device == "gpu" and not impl.baseline]
     baselines = [impl.name for impl in harness.implementations() if impl.device == "gpu" and impl.baseline]
-    groups = [("baseline", baselines, GEMM_SHAPES + GEMV_SHAPES, ALL_DTYPES)]
-    groups += [(name, [name], GEMM_SHAPES, list(harness.lookup(name).dtypes)) for name in NEVER_RUN]
+    groups = [("baseline", baselines, GEMM_SHAPES + GEMV_SHAPES, ALL_DTYPES, [])]
+    groups += [(name, [name], GEMM_SHAPES, list(harness.lookup(name).dtypes), []) for name in NEVER_RUN]
     for language in ("cuda", "triton"):
-        proven = [impl.name for impl in gpu if impl.language == language and impl.operation == "gemm" and impl.name not in NEVER_RUN]
-        groups.append((language, proven, GEMM_SHAPES, ALL_DTYPES))
-    groups.append(("gemv", [impl.name for impl in gpu if impl.operation == "gemv"], GEMV_SHAPES, ALL_DTYPES))
+        proven = [impl.name for impl in gpu if impl.language == language and impl.operation == "gemm"
+                  and impl.name not in NEVER_RUN and not impl.weights]
+        groups.append((language, proven, GEMM_SHAPES, ALL_DTYPES, []))
+    groups.append(("gemv", [impl.name for impl in gpu if impl.operation == "gemv"], GEMV_SHAPES, ALL_DTYPES, []))
+    decode = [impl.name for impl in gpu if impl.weights]  # ours and the GPU peers (torch.int4_gpu)
+    groups.append(("decode", baselines + decode, DECODE_SHAPES, ["float32"], DECODE_WEIGHTS))
+    groups.append(("decode-cublas-bf16", baselines, DECODE_SHAPES, ["bfloat16"], []))
+    groups.append(("decode-batch", [impl.name for impl in gpu if "q4_0" in impl.weights], BATCH_SHAPES, ["float32"],
+                   ["q4_0"]))
     return groups
 
 
@@ -215,9 +231,11 @@ def diagnose_hang(out: Path, name: str, shape: str, dtype: str, timeout: float) 
 
 
 # ---- compare ---------------------------------------------------------------------------------
-def compare_group(impls: list[str], shapes: list[str], dtypes: list[str], rows_file: Path, min_time: float) -> int:
-    """Check and time ``impls`` at every shape and dtype, appending each (shape, dtype)'s rows
-    to ``rows_file`` as soon as they are measured."""
+def compare_group(impls: list[str], shapes: list[str], dtypes: list[str], rows_file: Path, min_time: float,
+                  weights: list[str] | None = None) -> int:
+    """Check and time ``impls`` at every shape, dtype and weight format (``weights``: decode
+    problems; none for a plain matmul), appending each problem's rows to ``rows_file`` as soon
+    as they are measured."""
     from dataclasses import asdict
 
     import harness
@@ -225,17 +243,21 @@ def compare_group(impls: list[str], shapes: list[str], dtypes: list[str], rows_f
 
     for shape in shapes:
         for dtype in dtypes:
-            for name in impls:
-                stand_in(name)
-            results = harness.compare([shape], impls, [dtype], threads=None, min_time=min_time, baselines=False)
-            with rows_file.open("a") as handle:
-                for row in results.rows:
-                    record = finite_or_null({"row": asdict(row), "machine": results.machine,
-                                                             "settings": results.settings})
-                    handle.write(json.dumps(record, default=str) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            print(f"{' '.join(impls)} {shape} {dtype}: " + ", ".join(f"{r.implementation} {r.status}" for r in results.rows), flush=True)
+            for fmt in weights or [None]:
+                for name in impls:
+                    stand_in(name)
+                results = harness.compare([shape], impls, [dtype], threads=None, min_time=min_time, baselines=False,
+                                          weights=[fmt] if fmt else None)
+                with rows_file.open("a") as handle:
+                    for row in results.rows:
+                        record = finite_or_null({"row": asdict(row), "machine": results.machine,
+                                                                 "settings": results.settings})
+                        handle.write(json.dumps(record, default=str) + "\n")
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                problem = f"{shape} {dtype}{' ' + fmt if fmt else ''}"
+                print(f"{' '.join(impls)} {problem}: " + ", ".join(f"{r.implementation} {r.status}" for r in results.rows),
+                      flush=True)
     return 0
 
 
@@ -265,12 +287,13 @@ def merge_rows(out: Path) -> int:
     return len(rows)
 
 
-def parse_group(text: str) -> tuple[str, list[str], list[str], list[str]]:
-    try:
-        name, impls, shapes, dtypes = text.split(":")
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--group {text!r}: expected NAME:IMPL,...:SHAPE,...:DTYPE,...") from None
-    return name, impls.split(","), shapes.split(","), dtypes.split(",")
+def parse_group(text: str) -> tuple[str, list[str], list[str], list[str], list[str]]:
+    parts = text.split(":")
+    if len(parts) not in (4, 5):
+        raise argparse.ArgumentTypeError(f"--group {text!r}: expected NAME:IMPL,...:SHAPE,...:DTYPE,...[:WEIGHTS,...]")
+    name, impls, shapes, dtypes = parts[:4]
+    weights = parts[4].split(",") if len(parts) == 5 and parts[4] else []
+    return name, impls.split(","), shapes.split(","), dtypes.split(","), weights
 
 
 GROUP_SHARE = 0.35  # of the comparison's budget, at most, for any group but the last
@@ -289,7 +312,7 @@ def compare(out: Path, groups, budget: float, min_time: float, plot: bool, smoke
     ends = time.monotonic() + budget
     condemned = condemned_by_smoke(smoke_json)
     status, report = 0, []
-    for index, (name, impls, shapes, dtypes) in enumerate(groups):
+    for index, (name, impls, shapes, dtypes, weights) in enumerate(groups):
         left = ends - time.monotonic()
         skipped = [impl for impl in impls if impl in condemned]
         impls = [impl for impl in impls if impl not in condemned]
@@ -309,7 +332,8 @@ def compare(out: Path, groups, budget: float, min_time: float, plot: bool, smoke
         began = time.monotonic()
         log = out / f"compare-{name}.log"
         ended, code = run_child([sys.executable, __file__, "_compare_group", ",".join(impls), ",".join(shapes),
-                                 ",".join(dtypes), str(out / "rows.jsonl"), str(min_time)], timeout, log)
+                                 ",".join(dtypes), str(out / "rows.jsonl"), str(min_time), ",".join(weights)],
+                                timeout, log)
         took = time.monotonic() - began
         if ended == "timeout":
             outcome = f"killed after {took:.0f}s (hung, or out of time): {last_lines(log, 1)}"
@@ -447,7 +471,9 @@ def main(argv: list[str]) -> int:
             return FAULT_EXIT
     if argv and argv[0] == "_compare_group":
         impls, shapes, dtypes, rows_file, min_time = argv[1:6]
-        return compare_group(impls.split(","), shapes.split(","), dtypes.split(","), Path(rows_file), float(min_time))
+        weights = [w for w in (argv[6] if len(argv) > 6 else "").split(",") if w]
+        return compare_group(impls.split(","), shapes.split(","), dtypes.split(","), Path(rows_file), float(min_time),
+                             weights)
     if argv and argv[0] == "_collect":
         collector = Collector()
         pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *argv[1:]], plugins=[collector])

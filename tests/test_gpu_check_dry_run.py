@@ -223,9 +223,33 @@ def test_the_default_plan_names_registered_gpu_implementations_and_covers_them_a
     import gpu_steps as steps
     import harness
 
-    planned = [name for _, impls, _, _ in steps.default_groups() for name in impls]
+    planned = [name for _, impls, _, _, _ in steps.default_groups() for name in impls]
     assert planned[0] == "torch.cublas", "the baseline first"
     assert planned[1:1 + len(steps.NEVER_RUN)] == steps.NEVER_RUN, "then each never-run kernel"
-    assert sorted(planned) == sorted(i.name for i in harness.implementations() if i.device == "gpu")
+    assert sorted(set(planned)) == sorted(i.name for i in harness.implementations() if i.device == "gpu")
     for name in steps.NEVER_RUN:
         assert steps.SMOKE_DTYPE in harness.lookup(name).dtypes
+
+    # the decode groups: every GPU kernel that takes quantized weights, at >= 100 MB of q4_0
+    # weights, with cuBLAS's float32 product in the same problems and its BF16 GEMV beside them
+    decode = {name: (impls, shapes, dtypes, weights) for name, impls, shapes, dtypes, weights in steps.default_groups()}
+    impls, shapes, dtypes, weights = decode["decode"]
+    assert {"cuda.decode", "triton.decode", "torch.int4_gpu", "torch.cublas"} <= set(impls)
+    assert {"q4_0", "q8_0", "bf16", "float32"} <= set(weights) and dtypes == ["float32"]
+    for shape in shapes:
+        _, n, k = (int(d) for d in shape.split("x"))
+        assert n * k // 32 * 18 >= 100e6, f"{shape}: q4_0 weights under 100 MB"
+    assert decode["decode-cublas-bf16"][2] == ["bfloat16"] and decode["decode-cublas-bf16"][1] == shapes
+    assert [int(s.split("x")[0]) for s in decode["decode-batch"][1]] == [2, 4, 8, 16]
+    for name, (impls, _, _, weights) in decode.items():
+        assert all(not harness.lookup(i).weights for i in impls) or weights, f"{name}: decode kernels need weights"
+
+
+def test_a_decode_group_compares_each_weight_format_and_keeps_them_apart(tmp_path):
+    """A group's fifth field is its weight formats: one decode problem each, rows kept per format."""
+    done = gpu_steps("compare", "--out", tmp_path, "--budget", 60, "--min-time", 0.005, "--no-plot",
+                     "--group", "decode:numpy.matmul,c.decode:2x40x64:float32:q4_0,q8_0,float32")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((tmp_path / "comparison.json").read_text())["results"]
+    found = {(r["implementation"], r["weights"]): r["status"] for r in rows}
+    assert found == {("c.decode", "q4_0"): "ok", ("c.decode", "q8_0"): "ok", ("numpy.matmul", "float32"): "ok"}, found

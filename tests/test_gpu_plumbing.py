@@ -108,6 +108,27 @@ def test_verdicts_met_missed_and_not_judged():
     assert found[("triton.gemv", "1x16384x16384", "float16")].outcome == "not judged"
 
 
+
+def test_decode_verdicts_judge_the_copy_share_and_the_int4_peer_by_weight_format():
+    def decode_row(name, shape, median, gbytes, weights="q4_0", status="ok"):
+        return {**row(name, shape, "float32", status=status, gbytes=gbytes, median=median), "weights": weights}
+
+    found = {(v.target.implementation, v.target.shape, v.target.kind): v for v in verdicts.judge([comparison([
+        decode_row("cuda.decode", "1x16384x16384", 40e-6, 3800.0),
+        decode_row("torch.int4_gpu", "1x16384x16384", 50e-6, 3000.0),
+        decode_row("cuda.decode", "1x16384x16384", 1e-3, 10.0, weights="q8_0"),  # another problem: not judged here
+        decode_row("cuda.decode", "1x28672x8192", 60e-6, 2200.0),
+        decode_row("torch.int4_gpu", "1x28672x8192", 40e-6, 3300.0, status="FAILED: out of tolerance"),
+    ])])}
+    copy = found[("cuda.decode", "1x16384x16384", "copy")]
+    assert copy.outcome == "met" and "88% of the 4300 GB/s measured copy" in copy.detail
+    peer = found[("cuda.decode", "1x16384x16384", "vs_peer")]
+    assert peer.outcome == "met" and "1.25x torch.int4_gpu" in peer.detail
+    assert found[("cuda.decode", "1x28672x8192", "copy")].outcome == "missed"
+    assert found[("cuda.decode", "1x28672x8192", "vs_peer")].outcome == "not judged"
+    assert found[("triton.decode", "1x16384x16384", "copy")].outcome == "not judged"
+    assert "q4_0 weights: at least 1.00x torch.int4_gpu" in peer.line()
+
 def test_verdicts_command_exit_status(tmp_path):
     path = tmp_path / "comparison.json"
     path.write_text(json.dumps(comparison([row("cuda.register_tiled", "4096x4096x4096", "float32", speedup=0.2)])))
