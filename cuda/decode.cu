@@ -5,7 +5,7 @@
 // streams in, so W is read once per pass and everything else is registers: each lane loads a
 // 32-weight block of ROWS rows of W (16-byte loads, all ROWS issued before the first is used),
 // dequantizes it in registers (weight = d * q, exact in float32: an fp16 scale times an integer
-// of at most 8 bits), and applies it to every one of the up to MAX_M rows of X it holds
+// of at most 8 bits), and applies it to every one of the up to MT rows of X it holds
 // accumulators for (FP32 FMAs, X read through the read-only cache, each X vector used for the
 // ROWS rows of W). So a block of W is loaded once and used M times, and a vector of X is
 // loaded once and used ROWS times. Lanes that share rows combine their partial sums with a
@@ -29,18 +29,20 @@
 // - Several rows per warp where K is short: LANES_PER_ROW lanes share ROWS rows (32 lanes for
 //   K >= 1024, 8 for K >= 128, else 1: a row of K = 32 is one block, one lane), so a warp
 //   works on ROWS * 32 / LANES_PER_ROW rows; the shuffle reduction stops at that width.
-// - M rows of X: accumulators acc[MAX_M][ROWS] stay in registers (the loops over them are
-//   unrolled, the rows past M skipped by a warp-uniform branch). M > MAX_M is a second row
-//   of blocks of the grid (blockIdx.y), which reads W again.
+// - M rows of X: accumulators acc[MT][ROWS] stay in registers (the loops over them are
+//   unrolled, the rows past M skipped by a warp-uniform branch). MT, the tile of rows of X, is
+//   1, 4 or 16, one kernel each (decode_<format>_m<MT>_f32; the harness takes the smallest that
+//   holds M), so the M = 1 GEMV keeps a GEMV's registers. M > 16 is a second row of blocks of
+//   the grid (blockIdx.y), which reads W again.
 // Constraints: K a multiple of 32 (the prepared layout guarantees it), 16-byte-aligned
 // buffers (cudaMalloc's are), any N and M >= 1.
-// Caveat: the registers are sized for M = 16, so M = 1 runs with the occupancy of M = 16;
-// for M of 8 and more the FP32 FMAs, not the bytes, are the limit (M * 32 FMAs per 18-byte
+// Caveat: the 16-row tile needs 162-232 registers (no spills), so 5..16 rows run at low
+// occupancy; for M of 8 and more the FP32 FMAs, not the bytes, are the limit (M * 32 FMAs per 18-byte
 // q4_0 block): int8 dot products (dp4a) or tensor cores on X quantized to int8, as llama.cpp
 // does, would be the next rung; this one keeps X in float32 and the float32 error model.
 //
 // Launch (read by the harness: harness/backends/cuda/plans.py): WARPS warps per block, each on
-// ROWS * 32 / LANES_PER_ROW rows of W; blockIdx.y = which MAX_M rows of X.
+// ROWS * 32 / LANES_PER_ROW rows of W; blockIdx.y = which MT rows of X.
 // @launch decode_q4_0_m1 grid (cdiv(N, WARPS * ROWS_Q4_0 * 32 / LANES_PER_ROW), cdiv(M, 1)) block (WARPS * 32)
 //         args (A, B, C, M, N, K) static_shared 0
 // @launch decode_q4_0_m4 grid (cdiv(N, WARPS * ROWS_Q4_0 * 32 / LANES_PER_ROW), cdiv(M, 4)) block (WARPS * 32)
@@ -66,7 +68,6 @@
 #include <stdint.h>
 
 #define WARPS 4     // warps per block
-#define MAX_M 16    // rows of X per pass over W (accumulators per lane: MAX_M * ROWS)
 #define ROWS_Q4_0 4 // rows of W a lane works on at once (16-byte loads in flight per lane)
 #define ROWS_Q8_0 2
 #define ROWS_BF16 2
