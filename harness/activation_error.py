@@ -45,13 +45,14 @@ import numpy as np
 
 ROUNDINGS = ("q8_0", "bf16")
 # "bf16": a kernel that takes X in bfloat16, its weights' block scales in bfloat16 and gives its
-# sums in bfloat16 (torch's int4 weight-only kernel, backends/torch_int4.py). Each of the three
-# roundings is at most u = 2^-8 relative (round to nearest, 8 significant bits), so the sum
-# moves by at most 2u * sum_k |x_k w_k| (X and the scales, to first order) and the output by
-# u * |y| <= u * sum_k |x_k w_k|: a worst-case bound of BF16_IO_UNITS * u * sum_k |x_k w_k|
-# (3 for the three, plus room for the second-order terms).
+# sums in bfloat16 (torch's int4 weight-only kernel, backends/torch_int4.py). Each rounding is
+# at most u = 2^-8 relative (8 significant bits). X's roundings are independent per element and
+# the scales' per block, so, as for q8_0, each is allowed SIGMA_SAFETY standard deviations of
+# its sum (a relative error uniform in [-u, u] has variance u^2 / 3): over the K products
+# x_k w_k for X, over the blocks' partial sums P_b for the scales. The output's one rounding is
+# allowed in full, u |y|. A dropped or misplaced block moves an output by a whole |P_b|, far
+# beyond what these allow.
 BF16_UNIT = 2.0**-8
-BF16_IO_UNITS = 3.05
 BLOCK = 32
 SIGMA_SAFETY = 8.0
 # Blocks' partial products are formed this many (M x N x blocks) elements at a time.
@@ -84,12 +85,15 @@ def extra_allowed(a, b, rounding: str = "q8_0") -> np.ndarray:
     a64 = np.asarray(a, dtype=np.float64)
     b64 = np.asarray(b, dtype=np.float64)
     (m, k), n = a64.shape, b64.shape[1]
-    if rounding == "bf16":
-        return BF16_IO_UNITS * BF16_UNIT * (np.abs(a64) @ np.abs(b64))
     if k % BLOCK:
         raise ValueError(f"{rounding} activation rounding needs K to be a multiple of {BLOCK}, got K = {k}")
     if 0 in (m, n, k):
         return np.zeros((m, n))
+    if rounding == "bf16":
+        sd = BF16_UNIT / np.sqrt(3.0)
+        x_rounding = SIGMA_SAFETY * sd * np.sqrt((a64 * a64) @ (b64 * b64))
+        scale_rounding = SIGMA_SAFETY * sd * np.sqrt(_block_partial_squares(a64, b64))
+        return x_rounding + scale_rounding + BF16_UNIT * np.abs(a64 @ b64)
     d, d16 = q8_0_scales(a)
     # Where max|x_block| is beyond 127 * 65504 the scale overflows float16 and the kernel's
     # products are infinite or NaN: no allowance is made for that (such a row fails its check).
@@ -104,6 +108,20 @@ def extra_allowed(a, b, rounding: str = "q8_0") -> np.ndarray:
         ratio = np.where(d > 0, delta / np.where(d > 0, d, 1.0), 0.0)  # |delta_b / d_b|, [M, K/32]
         scale = per_k(delta / 2.0) @ abs_b + _scaled_block_partials(a64, b64, ratio)
     return grid + scale
+
+
+def _block_partial_squares(a64: np.ndarray, b64: np.ndarray) -> np.ndarray:
+    """sum_b P[m, n, b]^2, P[m, n, b] = sum over block b of a_mk b_kn, [M, N]."""
+    (m, k), n = a64.shape, b64.shape[1]
+    blocks = k // BLOCK
+    a_blocks = a64.reshape(m, blocks, BLOCK)
+    b_blocks = b64.reshape(blocks, BLOCK, n)
+    out = np.zeros((m, n))
+    step = max(1, _CHUNK_ELEMENTS // max(1, m * blocks))
+    for j in range(0, n, step):
+        partials = np.einsum("mbk,bkn->mbn", a_blocks, b_blocks[:, :, j:j + step])
+        out[:, j:j + step] = (partials * partials).sum(axis=1)
+    return out
 
 
 def _scaled_block_partials(a64: np.ndarray, b64: np.ndarray, ratio: np.ndarray) -> np.ndarray:

@@ -33,6 +33,11 @@ def test_its_roundings_pass_the_bf16_model_and_not_the_float32_one():
     wrong = y.copy()
     wrong[0, 0] = -wrong[0, 0] + 1.0  # a sign error is far outside even that model
     assert not check(wrong, x, w.dequantize().T, activation_rounding="bf16").passed
+    # a kernel that skips one block of 32 weights of each row is outside it too
+    skipped = w.dequantize().copy()
+    skipped[:, 64:96] = 0
+    dropped = bf16(bf16(x) @ skipped.T)
+    assert not check(dropped, x, w.dequantize().T, activation_rounding="bf16").passed
 
 
 def test_it_is_a_gpu_peer_of_q4_0_only_and_refuses_what_its_layout_cannot_hold():

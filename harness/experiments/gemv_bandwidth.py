@@ -27,8 +27,8 @@ def run(out_dir, cpu_shapes=CPU_SHAPES) -> dict:
     peaks, rows = {}, []
     if wanted("cpu"):
         peaks["cpu"] = cpu_bandwidth_gbps()
-    for impl in implementations():
-        if impl.device != "cpu" or impl.language == "python" or "cpu" not in peaks:
+    for impl in implementations():  # the float ones: decode kernels are the decode experiment's
+        if impl.device != "cpu" or impl.language == "python" or "cpu" not in peaks or impl.weights:
             continue
         for shape in cpu_shapes:
             a, b = inputs(shape, "float32")
@@ -38,7 +38,7 @@ def run(out_dir, cpu_shapes=CPU_SHAPES) -> dict:
     if gpu:
         peaks["gpu"] = gpu["bandwidth_gbps"]
         for impl in implementations():
-            if impl.device != "gpu":
+            if impl.device != "gpu" or impl.weights:
                 continue
             for dtype in ("bfloat16", "float32"):
                 if dtype not in impl.dtypes:

@@ -40,8 +40,8 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
         roofs["cpu"] = {"device": machine.cpu_model() + " (one core)", "bandwidth_gbps": bandwidth,
                         "float32": machine.cpu_peak_gflops("float32"), "float64": machine.cpu_peak_gflops("float64")}
         say(f"CPU roofs: {roofs['cpu']['float32']:.0f} GFLOP/s FP32 peak (one core), {bandwidth:.1f} GB/s measured")
-    for impl in implementations():
-        if impl.device != "cpu" or "cpu" not in roofs:
+    for impl in implementations():  # the float ones: decode kernels are the decode experiment's
+        if impl.device != "cpu" or "cpu" not in roofs or impl.weights:
             continue
         shapes = [PYTHON_SHAPE] if impl.language == "python" else [cpu_gemm, CPU_SHAPES["gemv"]]
         for shape in shapes:
@@ -52,7 +52,7 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
     if wanted("gpu") and peaks:
         roofs["gpu"] = peaks
         for impl in implementations():
-            if impl.device != "gpu":
+            if impl.device != "gpu" or impl.weights:
                 continue
             for dtype in ("bfloat16", "float32"):
                 if dtype not in impl.dtypes:
