@@ -24,7 +24,10 @@
  * sequence over its blocks whatever thread computes it: the same bits for every thread count.
  * Activation rows are taken 16 at a time, each block of W unpacked once for all of them; up to
  * four rows of W at a time for up to four rows of X (a simpler kernel than decode.c's: from
- * five rows of X one row of W at a time, and K is never cut).
+ * five rows of X one row of W at a time, and K is never cut). The number of X rows is a
+ * compile-time constant for every M = 1..16 (a switch over inlined copies), so the loops over
+ * them unroll and their accumulators are registers instead of a run-time-indexed array; the
+ * operations, and the bits, are the same.
  */
 #if !defined(__APPLE__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* posix_memalign under a strict -std=c11 */
@@ -179,12 +182,14 @@ AVX2 INLINE void tile_avx2(int format, const int R, const int mb, const uint8_t 
                            int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j) {
     const int64_t step_bytes = decode_step_bytes(format);
     __m256 acc[ROWS];
+#pragma GCC unroll 16
     for (int a = 0; a < R * mb; ++a) acc[a] = _mm256_setzero_ps();
     for (int64_t b = 0; b < steps; ++b) {
         for (int r = 0; r < R; ++r) {
             const uint8_t *p = W + (j + r) * row_bytes + b * step_bytes;
             const __m256i w = weights_avx2(format, p), abs_w = _mm256_sign_epi8(w, w);
             const float dw = scale_of(p);
+#pragma GCC unroll 16
             for (int i = 0; i < mb; ++i) {
                 const __m256 scale = _mm256_set1_ps(dw * xd[b * mb + i]);
                 const __m256i dot = dot_avx2(abs_w, w, Xq + (b * mb + i) * Q8_BYTES);
@@ -193,6 +198,7 @@ AVX2 INLINE void tile_avx2(int format, const int R, const int mb, const uint8_t 
         }
     }
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
         for (int i = 0; i < mb; ++i) Y[i * ldy + j + r] = sum8(acc[r * mb + i]);
 }
 
@@ -208,12 +214,17 @@ AVX2 INLINE void rows_mb_avx2(int format, const int R, const int mb, const uint8
 
 AVX2 static void rows_avx2(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
                            int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
-    switch (mb) { /* small mb as a constant: its accumulators live in registers */
+    switch (mb) { /* mb as a constant: its loops unroll and its accumulators live in registers */
     case 1: rows_mb_avx2(format, 4, 1, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     case 2: rows_mb_avx2(format, 4, 2, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     case 3: rows_mb_avx2(format, 2, 3, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     case 4: rows_mb_avx2(format, 2, 4, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-    default: rows_mb_avx2(format, 1, (int)mb, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+#define ONE_ROW(m) \
+    case m: rows_mb_avx2(format, 1, m, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+        ONE_ROW(5) ONE_ROW(6) ONE_ROW(7) ONE_ROW(8) ONE_ROW(9) ONE_ROW(10) ONE_ROW(11) ONE_ROW(12)
+        ONE_ROW(13) ONE_ROW(14) ONE_ROW(15) ONE_ROW(16)
+#undef ONE_ROW
+    default: break; /* the driver passes at most ROWS */
     }
 }
 
@@ -222,12 +233,14 @@ VNNI INLINE void tile_vnni(int format, const int R, const int mb, const uint8_t 
                            int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j) {
     const int64_t step_bytes = decode_step_bytes(format);
     __m256 acc[ROWS];
+#pragma GCC unroll 16
     for (int a = 0; a < R * mb; ++a) acc[a] = _mm256_setzero_ps();
     for (int64_t b = 0; b < steps; ++b) {
         for (int r = 0; r < R; ++r) {
             const uint8_t *p = W + (j + r) * row_bytes + b * step_bytes;
             const __m256i w = weights_avx2(format, p), abs_w = _mm256_sign_epi8(w, w);
             const float dw = scale_of(p);
+#pragma GCC unroll 16
             for (int i = 0; i < mb; ++i) {
                 const __m256 scale = _mm256_set1_ps(dw * xd[b * mb + i]);
                 const __m256i dot = dot_vnni(abs_w, w, Xq + (b * mb + i) * Q8_BYTES);
@@ -236,6 +249,7 @@ VNNI INLINE void tile_vnni(int format, const int R, const int mb, const uint8_t 
         }
     }
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
         for (int i = 0; i < mb; ++i) Y[i * ldy + j + r] = sum8(acc[r * mb + i]);
 }
 
@@ -251,12 +265,17 @@ VNNI INLINE void rows_mb_vnni(int format, const int R, const int mb, const uint8
 
 VNNI static void rows_vnni(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
                            int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
-    switch (mb) { /* small mb as a constant: its accumulators live in registers */
+    switch (mb) { /* mb as a constant: its loops unroll and its accumulators live in registers */
     case 1: rows_mb_vnni(format, 4, 1, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     case 2: rows_mb_vnni(format, 4, 2, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     case 3: rows_mb_vnni(format, 2, 3, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     case 4: rows_mb_vnni(format, 2, 4, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-    default: rows_mb_vnni(format, 1, (int)mb, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+#define ONE_ROW(m) \
+    case m: rows_mb_vnni(format, 1, m, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+        ONE_ROW(5) ONE_ROW(6) ONE_ROW(7) ONE_ROW(8) ONE_ROW(9) ONE_ROW(10) ONE_ROW(11) ONE_ROW(12)
+        ONE_ROW(13) ONE_ROW(14) ONE_ROW(15) ONE_ROW(16)
+#undef ONE_ROW
+    default: break; /* the driver passes at most ROWS */
     }
 }
 
