@@ -7,14 +7,16 @@ threads) and the peers registered beside it, BLIS (``blis.gemm``) and torch's CP
 float64, on 1 and 2 threads, and prints c.packed's speed as a ratio to each (above 1 =
 c.packed is faster).
 
-How it is timed: the three calls of one case are interleaved, round after round (each round
-times each call for at least ``--sample-time`` seconds, in batches for the fast ones). Each
-call's time is the median over the rounds, and each ratio the median over the rounds of the
-ratio within a round, whose calls run back to back: a burst of noise, or a drift of the
-machine's speed between rounds, falls on all three alike. The JSON keeps each ratio's range
-over the rounds, and the plot draws it. On more than one thread each sample starts after a pause
-(SETTLE_SECONDS) in which the previous library's idle threads stop spinning, so that they
-do not take a core from the library being timed. Every c.packed product is checked against the float64 reference
+How it is timed: on one thread the calls of one case are interleaved, round after round (each
+round times each call for at least ``--sample-time`` seconds, in batches for the fast ones).
+Each call's time is the median over the rounds, and each ratio the median over the rounds of
+the ratio within a round, whose calls run back to back: a burst of noise, or a drift of the
+machine's speed between rounds, falls on all of them alike. On more than one thread, each
+library runs its rounds in a block of its own, after a pause (SETTLE_SECONDS) and a warm-up
+call: on a machine with as many cores as threads, the previous library's idle workers
+(spinning, or slow to wake) take a core from the next one after every switch, which
+interleaving would put on every sample. The JSON keeps each ratio's range over the rounds, and
+the plot draws it. Every c.packed product is checked against the float64 reference
 first; a wrong one is reported and not timed.
 
 Which BLIS ran, and its kernel set, is recorded (backends/peers.py): the system's BLIS built
@@ -114,9 +116,19 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
             calls[key] = lambda call=call: call(a, b)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     with blas_limits(threads):
-        for _ in range(rounds):
+        if threads == 1:
+            for _ in range(rounds):  # interleaved: a drift in the machine's speed hits every library alike
+                for name, call in calls.items():
+                    samples[name].append(_sample(call, sample_time))
+        else:
+            # One library at a time: on a machine with as many cores as threads, a library's
+            # idle workers (spinning, or slow to wake) take a core from the next one for a
+            # while after every switch, which interleaving would pay on every sample.
             for name, call in calls.items():
-                samples[name].append(_sample(call, sample_time, SETTLE_SECONDS if threads > 1 else 0.0))
+                time.sleep(SETTLE_SECONDS)
+                _sample(call, sample_time)  # its threads awake and its data in cache
+                for _ in range(rounds):
+                    samples[name].append(_sample(call, sample_time))
     seconds = {name: statistics.median(values) for name, values in samples.items()}
     gflops = {name: shape.flops / s / 1e9 for name, s in seconds.items()}
     row = {**entry, "seconds": seconds, "gflops": gflops}

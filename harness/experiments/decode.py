@@ -129,6 +129,8 @@ def figure(data: dict):
         right.plot(ms, [2 * m * n * k / data["peak_gflops"] / 1e6 for m in ms], linestyle="--", color="gray",
                    label=f"compute roof ({data['peak_gflops']:.0f} GFLOP/s)")
     right.set_xscale("log", base=2)
+    batches = sorted({r["m"] for r in rows if r["sweep"] == "batch"})
+    right.set_xticks(batches, [str(m) for m in batches])
     right.set_yscale("log")
     right.set_xlabel("batch M (activation rows sharing each weight read)")
     right.set_ylabel("time per product (ms)")
