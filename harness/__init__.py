@@ -9,13 +9,14 @@
 
 Shapes are ``N`` (square) or ``MxNxK``: C = A @ B is M x N and K is the inner dimension.
 """
+
+from . import quant as quant  # decode weight formats: harness.quant.quantize(w, "q4_0")
 from .checking import check, reference, tolerance
 from .compare import Results, Row, compare
 from .core import BrokenError, Implementation, Matmul, MatmulInputError, UnavailableError
-from .inputs import Shape, make_inputs, parse_shape
 from .external import add_external
+from .inputs import Shape, make_inputs, parse_shape
 from .registry import REGISTRY, implementations, lookup, register
-from . import quant  # decode weight formats: harness.quant.quantize(w, "q4_0")
 
 
 def get(name: str, **options) -> Matmul:
@@ -24,7 +25,23 @@ def get(name: str, **options) -> Matmul:
 
 
 __all__ = [
-    "REGISTRY", "BrokenError", "add_external", "Implementation", "Matmul", "MatmulInputError", "Results", "Row", "Shape",
-    "UnavailableError", "check", "compare", "get", "implementations", "make_inputs",
-    "parse_shape", "reference", "register", "tolerance",
+    "REGISTRY",
+    "BrokenError",
+    "add_external",
+    "Implementation",
+    "Matmul",
+    "MatmulInputError",
+    "Results",
+    "Row",
+    "Shape",
+    "UnavailableError",
+    "check",
+    "compare",
+    "get",
+    "implementations",
+    "make_inputs",
+    "parse_shape",
+    "reference",
+    "register",
+    "tolerance",
 ]

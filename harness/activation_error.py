@@ -39,6 +39,7 @@ Like checking.py's, term (1) is statistical: activations built to sit on the hal
 their grid, with weights of matching signs, could exceed it honestly. The harness's inputs
 (seeded uniform values) are not such inputs.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -119,8 +120,8 @@ def _block_partial_squares(a64: np.ndarray, b64: np.ndarray) -> np.ndarray:
     out = np.zeros((m, n))
     step = max(1, _CHUNK_ELEMENTS // max(1, m * blocks))
     for j in range(0, n, step):
-        partials = np.einsum("mbk,bkn->mbn", a_blocks, b_blocks[:, :, j:j + step])
-        out[:, j:j + step] = (partials * partials).sum(axis=1)
+        partials = np.einsum("mbk,bkn->mbn", a_blocks, b_blocks[:, :, j : j + step])
+        out[:, j : j + step] = (partials * partials).sum(axis=1)
     return out
 
 
@@ -129,10 +130,10 @@ def _scaled_block_partials(a64: np.ndarray, b64: np.ndarray, ratio: np.ndarray) 
     (m, k), n = a64.shape, b64.shape[1]
     blocks = k // BLOCK
     a_blocks = a64.reshape(m, blocks, BLOCK).transpose(1, 0, 2)  # [blocks, M, 32]
-    b_blocks = b64.reshape(blocks, BLOCK, n)                     # [blocks, 32, N]
+    b_blocks = b64.reshape(blocks, BLOCK, n)  # [blocks, 32, N]
     out = np.zeros((m, n))
     step = max(1, _CHUNK_ELEMENTS // max(1, m * blocks))
     for start in range(0, n, step):
-        partial = np.matmul(a_blocks, b_blocks[:, :, start:start + step])  # [blocks, M, chunk]
-        out[:, start:start + step] = np.einsum("bm,bmn->mn", ratio.T, np.abs(partial))
+        partial = np.matmul(a_blocks, b_blocks[:, :, start : start + step])  # [blocks, M, chunk]
+        out[:, start : start + step] = np.einsum("bm,bmn->mn", ratio.T, np.abs(partial))
     return out

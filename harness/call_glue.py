@@ -27,6 +27,7 @@ and puts it beside it; harness/clib.py imports it when it is there and falls bac
 
     python harness/call_glue.py c build/_matmul_glue.c
 """
+
 from __future__ import annotations
 
 import re
@@ -68,8 +69,8 @@ def _declarations_in(path: Path) -> list[Export]:
     code = _code(text)  # line for line the same as text
     found = []
     for mark in re.finditer(rf"\b{MARK}\b", code):
-        end = re.search(r"[{;]", code[mark.end():])
-        head = " ".join(code[mark.end():mark.end() + end.start()].split()) if end else ""
+        end = re.search(r"[{;]", code[mark.end() :])
+        head = " ".join(code[mark.end() : mark.end() + end.start()].split()) if end else ""
         if not re.fullmatch(r"[\w\s*]+?(?:\w+|TYPED\(\w+\))\s*\(.*\)", head):
             line = code.count("\n", 0, mark.start()) + 1
             raise DeclarationError(
@@ -78,10 +79,18 @@ def _declarations_in(path: Path) -> list[Export]:
             )
         head = re.sub(r"\brestrict\b\s*", "", head)
         if "TYPED(" in head and not typed:
-            raise DeclarationError(f"{where}: uses TYPED(...) in a {MARK} declaration but does not "
-                                   '#include "real.h", so it is compiled once, with no element type')
-        variants = [re.sub(r"\breal\b", ctype, re.sub(r"TYPED\((\w+)\)", rf"\1_{suffix}", head))
-                    for suffix, ctype in TYPES.items()] if "TYPED(" in head else [head]
+            raise DeclarationError(
+                f"{where}: uses TYPED(...) in a {MARK} declaration but does not "
+                '#include "real.h", so it is compiled once, with no element type'
+            )
+        variants = (
+            [
+                re.sub(r"\breal\b", ctype, re.sub(r"TYPED\((\w+)\)", rf"\1_{suffix}", head))
+                for suffix, ctype in TYPES.items()
+            ]
+            if "TYPED(" in head
+            else [head]
+        )
         for declaration in variants:
             name = re.search(r"(\w+)\s*\(", declaration)[1]
             found.append(Export(name, declaration + ";", where))

@@ -18,7 +18,8 @@ element,
     allowed_ij = 2 * u * |C_ij| + SAFETY * u_acc * sqrt(K) * (|C_ij| + T_ij) + floor
 
 with SAFETY = 4, ``2 * u`` one unit in the last place of the output (rounding to nearest
-costs half of it; some converters truncate, as Triton's CPU interpreter does to bfloat16), and ``floor`` the dtype's smallest normal number (underflow). This is a
+costs half of it; some converters truncate, as Triton's CPU interpreter does to bfloat16), and
+``floor`` the dtype's smallest normal number (underflow). This is a
 statistical bound, not a worst case: the worst-case bound ``K * u_acc * (|A| @ |B|)_ij`` is
 hundreds of times larger and would pass a kernel that drops a term of the sum. Honest kernels
 sit well inside it (the tests draw large K, sums of non-negative terms, mixed magnitudes and
@@ -38,6 +39,7 @@ not finite fails, so a broken kernel never passes and never reports inflated spe
 The result must also have the problem's dtype and shape: an FP32 problem answered in FP16
 fails, whatever its values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -120,8 +122,11 @@ def check(result, a, b, ref=None, *, activation_rounding: str | None = None) -> 
         return CheckOutcome(False, float("inf"), f"result shape {result.shape}, expected {ref.product.shape}")
     # by value: a big-endian float32 problem answered in native float32 has the right dtype
     if result.dtype.newbyteorder("=") != a.dtype.newbyteorder("="):
-        return CheckOutcome(False, float("inf"),
-                            f"result dtype {dtype_name(result.dtype)}, expected the problem's {dtype_name(a.dtype)}")
+        return CheckOutcome(
+            False,
+            float("inf"),
+            f"result dtype {dtype_name(result.dtype)}, expected the problem's {dtype_name(a.dtype)}",
+        )
     if ref.product.size == 0:
         return CheckOutcome(True, 0.0, "empty result")
     extra = None
@@ -151,7 +156,9 @@ def compare_elements(xp, got, ref, terms_norm, dtype, k: int, extra=None) -> Che
     intermediate = may_overflow & (abs(ref) < largest_out)
 
     if (ref_nan & ~got_nan).any():
-        return CheckOutcome(False, float("nan"), f"{int((ref_nan & ~got_nan).sum())} numbers where the reference has NaN")
+        return CheckOutcome(
+            False, float("nan"), f"{int((ref_nan & ~got_nan).sum())} numbers where the reference has NaN"
+        )
     wrong_nan = got_nan & ~ref_nan & ~intermediate
     if wrong_nan.any():
         return CheckOutcome(False, float("nan"), f"{int(wrong_nan.sum())} NaN where the reference has a number")
@@ -161,9 +168,12 @@ def compare_elements(xp, got, ref, terms_norm, dtype, k: int, extra=None) -> Che
     reaches_range = (abs(ref) + allowed >= largest_out) | may_overflow
     legitimate = (reaches_range & (xp.sign(got) == xp.sign(ref))) | intermediate
     if (overflowed & ~legitimate).any():
-        return CheckOutcome(False, float("inf"),
-                            f"{int((overflowed & ~legitimate).sum())} infinities where the exact result is finite "
-                            f"and within the {name} range")
+        return CheckOutcome(
+            False,
+            float("inf"),
+            f"{int((overflowed & ~legitimate).sum())} infinities where the exact result is finite "
+            f"and within the {name} range",
+        )
 
     finite = ~ref_nan & ~ref_inf & ~got_nan & ~got_inf
     error = abs(got[finite] - ref[finite])
@@ -176,7 +186,8 @@ def compare_elements(xp, got, ref, terms_norm, dtype, k: int, extra=None) -> Che
     bad = ratio > 1
     if bad.any():
         return CheckOutcome(
-            False, max_error,
+            False,
+            max_error,
             f"{int(bad.sum())} of {error.shape[0]} elements out of tolerance "
             f"(worst error {float(error[worst]):.3g}, allowed {float(bound[worst]):.3g})",
             worst_ratio,

@@ -1,4 +1,5 @@
 """Command line: ``python -m harness list``, ``compare``, ``cuda-info``, ``verdicts``, the experiments."""
+
 from __future__ import annotations
 
 import argparse
@@ -58,11 +59,15 @@ def implementation_table(markdown: bool = False) -> str:
         for impl in impls:
             source = f"[`{impl.source}`]({impl.source})" if impl.source else ""
             op = " (GEMV, M = 1)" if impl.operation == "gemv" else ""
-            lines.append(f"| `{impl.name}` | {impl.language} | {impl.device} | {', '.join(impl.dtypes)} | {source} | {impl.summary}{op} |")
+            lines.append(
+                f"| `{impl.name}` | {impl.language} | {impl.device} | {', '.join(impl.dtypes)} | {source} | "
+                f"{impl.summary}{op} |"
+            )
         return "\n".join(lines) + "\n"
+    import io
+
     from rich.console import Console
     from rich.table import Table
-    import io
 
     table = Table(title="implementations (reading order)", title_justify="left")
     for header in ("implementation", "language", "device", "op", "dtypes", "source", "available"):
@@ -78,8 +83,9 @@ def implementation_table(markdown: bool = False) -> str:
             available += f": {detail}" if detail else ""
         else:
             available = f"no: {reason}"
-        table.add_row(impl.name, impl.language, impl.device, impl.operation, ", ".join(impl.dtypes),
-                      impl.source or "", available)
+        table.add_row(
+            impl.name, impl.language, impl.device, impl.operation, ", ".join(impl.dtypes), impl.source or "", available
+        )
     console = Console(file=io.StringIO(), width=200, color_system=None)
     console.print(table)
     return console.file.getvalue()
@@ -105,25 +111,52 @@ def main(argv=None) -> int:
     listing.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
 
     cuda_info = commands.add_parser(
-        "cuda-info", help="registers per thread, shared memory per block and spills of every CUDA kernel (nvcc, no GPU needed)")
+        "cuda-info",
+        help="registers per thread, shared memory per block and spills of every CUDA kernel (nvcc, no GPU needed)",
+    )
     cuda_info.add_argument("--arch", nargs="+", default=None, metavar="SM", help="architectures (default sm_80 sm_90)")
 
     comparing = commands.add_parser(
-        "compare", help="check and time implementations side by side",
+        "compare",
+        help="check and time implementations side by side",
         description="Shapes are N (square) or MxNxK: C = A @ B is M x N, K is the inner dimension.",
     )
-    comparing.add_argument("--shapes", nargs="+", type=shape_argument, default=[parse_shape(256)], metavar="SHAPE",
-                           help="N or MxNxK (default 256)")
-    comparing.add_argument("--impls", nargs="+", default=None, metavar="PATTERN",
-                           help="names or glob patterns, e.g. 'c.*' numpy (default: all); your own as "
-                                "FILE:FUNCTION, e.g. mine.py:matmul or mine.c:my_matmul")
-    comparing.add_argument("--dtype", "--dtypes", dest="dtypes", nargs="+", default=["float32"],
-                           choices=["float32", "float64", "float16", "bfloat16"])
-    comparing.add_argument("--weights", nargs="+", default=None, metavar="FORMAT",
-                           choices=["q4_0", "q8_0", "bf16", "float32"],
-                           help="decode: float32 activations times weights stored as q4_0, q8_0, bf16 or float32 "
-                                "(shapes MxNxK: M rows of activations, W [N, K]); the float32 product is added")
-    comparing.add_argument("--threads", type=int, default=1, help="BLAS and kernel threads (default 1; 0 = library default)")
+    comparing.add_argument(
+        "--shapes",
+        nargs="+",
+        type=shape_argument,
+        default=[parse_shape(256)],
+        metavar="SHAPE",
+        help="N or MxNxK (default 256)",
+    )
+    comparing.add_argument(
+        "--impls",
+        nargs="+",
+        default=None,
+        metavar="PATTERN",
+        help="names or glob patterns, e.g. 'c.*' numpy (default: all); your own as "
+        "FILE:FUNCTION, e.g. mine.py:matmul or mine.c:my_matmul",
+    )
+    comparing.add_argument(
+        "--dtype",
+        "--dtypes",
+        dest="dtypes",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "float64", "float16", "bfloat16"],
+    )
+    comparing.add_argument(
+        "--weights",
+        nargs="+",
+        default=None,
+        metavar="FORMAT",
+        choices=["q4_0", "q8_0", "bf16", "float32"],
+        help="decode: float32 activations times weights stored as q4_0, q8_0, bf16 or float32 "
+        "(shapes MxNxK: M rows of activations, W [N, K]); the float32 product is added",
+    )
+    comparing.add_argument(
+        "--threads", type=int, default=1, help="BLAS and kernel threads (default 1; 0 = library default)"
+    )
     comparing.add_argument("--min-time", type=float, default=0.2, help="seconds of timed runs per row (default 0.2)")
     comparing.add_argument("--seed", type=_seed, default=0, help="seeds the inputs (an integer >= 0; default 0)")
     comparing.add_argument("--allow-slow", action="store_true", help="run pure Python even on sizes that take hours")
@@ -138,7 +171,9 @@ def main(argv=None) -> int:
     for name, module in EXPERIMENTS.items():
         experiment = commands.add_parser(name, help=module.TITLE)
         module.add_arguments(experiment)
-        experiment.add_argument("--out", default="out", metavar="DIR", help=f"where {name}.json and {name}.png go (default out)")
+        experiment.add_argument(
+            "--out", default="out", metavar="DIR", help=f"where {name}.json and {name}.png go (default out)"
+        )
 
     command_parsers = dict(commands.choices)
     everything = commands.add_parser("experiments", help="run every experiment, then write the report")
@@ -146,9 +181,13 @@ def main(argv=None) -> int:
     everything.add_argument("--only", nargs="+", choices=list(EXPERIMENTS), metavar="NAME", help="a subset, by name")
     verdicts = commands.add_parser("verdicts", help="judge the GPU speed targets from comparison JSON files")
     verdicts.add_argument("json_files", nargs="+", metavar="JSON")
-    heading = commands.add_parser("headline", help="the README's headline table and figure, from results/*/comparison.json")
+    heading = commands.add_parser(
+        "headline", help="the README's headline table and figure, from results/*/comparison.json"
+    )
     heading.add_argument("directories", nargs="*", default=["results/cpu", "results/gpu"], metavar="DIR")
-    heading.add_argument("--out", default="results", metavar="DIR", help="where headline.md and .png go (default results)")
+    heading.add_argument(
+        "--out", default="results", metavar="DIR", help="where headline.md and .png go (default results)"
+    )
     reporting = commands.add_parser("report", help="gather the experiments' JSON and plots in DIR into DIR/REPORT.md")
     reporting.add_argument("directory", nargs="?", default="out")
 
@@ -158,8 +197,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         # Outputs are written whole or not at all (files.py) and only after the measuring, so
         # an interrupted command leaves none; a C call still running finishes in the background.
-        sys.stderr.write(f"{parser.prog} {args.command}: interrupted (Ctrl-C); files are written whole or "
-                         "not at all, so none is left half-written\n")
+        sys.stderr.write(
+            f"{parser.prog} {args.command}: interrupted (Ctrl-C); files are written whole or "
+            "not at all, so none is left half-written\n"
+        )
         return 130
     except OSError as error:  # a write that failed after the checks (a disk that filled up, say)
         if error.filename:  # files.replacing names the file, and left no part of it behind
@@ -281,9 +322,16 @@ def _compare_command(parser, args) -> int:
         parser.error(str(error.args[0]))
     _refuse_unwritable(parser, paths=[args.json, args.csv, args.plot])
     results = compare(
-        args.shapes, args.impls, args.dtypes, threads=args.threads or None, min_time=args.min_time,
-        seed=args.seed, allow_slow=True if args.allow_slow else None, baselines=not args.no_baseline,
-        progress=not args.no_progress and sys.stderr.isatty(), weights=args.weights,
+        args.shapes,
+        args.impls,
+        args.dtypes,
+        threads=args.threads or None,
+        min_time=args.min_time,
+        seed=args.seed,
+        allow_slow=True if args.allow_slow else None,
+        baselines=not args.no_baseline,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        weights=args.weights,
     )
     print(results)
     for path, writer in ((args.json, results.to_json), (args.csv, results.to_csv), (args.plot, results.plot)):

@@ -19,6 +19,7 @@ The library is called through the compiled call glue built beside it (call_glue.
 API mode, cheaper per call), or, where that could not be built, through
 ``ffi.dlopen``; ``call_mode()`` says which.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -136,8 +137,16 @@ def build_in_checkout(build_dir: Path | None = None, *extra_cmake_args: str) -> 
     (build_dir / _library_filename()).unlink(missing_ok=True)
     commands = [
         # This interpreter's headers for the call glue, whatever python3 is first on PATH.
-        [cmake, "-S", str(root), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-         f"-DPython_EXECUTABLE={sys.executable}", *extra_cmake_args],
+        [
+            cmake,
+            "-S",
+            str(root),
+            "-B",
+            str(build_dir),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            *extra_cmake_args,
+        ],
         [cmake, "--build", str(build_dir), "--parallel"],
     ]
     for command in commands:

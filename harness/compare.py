@@ -7,6 +7,7 @@ Emulated and interpreted runs (CPU stand-ins for GPU code) are checked but not t
 
 The rows and their files are results.py's; the table is render.py's, the plot plotting.py's.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -40,10 +41,12 @@ def _with_baselines(chosen: list, include_baselines: bool) -> list:
     if not include_baselines:
         return chosen
     devices = {impl.device for impl in chosen}
-    extra = [impl for impl in REGISTRY.values()
-             if impl.device in devices and impl not in chosen and (impl.baseline or (impl.peer and impl.available))]
+    extra = [
+        impl
+        for impl in REGISTRY.values()
+        if impl.device in devices and impl not in chosen and (impl.baseline or (impl.peer and impl.available))
+    ]
     return chosen + extra
-
 
 
 FLOAT_WEIGHTS = "float32"  # a decode problem's unquantized weights: the plain product X @ W^T
@@ -108,8 +111,10 @@ def compare(
 
         cores = default_threads()
         if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= cores:
-            raise ValueError(f"threads must be a whole number from 1 to {cores} (the cores this process may use), "
-                             f"or None for each library's default; got {threads!r}")
+            raise ValueError(
+                f"threads must be a whole number from 1 to {cores} (the cores this process may use), "
+                f"or None for each library's default; got {threads!r}"
+            )
     shapes = [parse_shape(s) for s in ([shapes] if isinstance(shapes, (str, int)) else shapes)]
     dtypes = [dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
     patterns = [impls] if isinstance(impls, str) else list(impls or [])
@@ -122,11 +127,15 @@ def compare(
     options = options or {}
 
     problems = [(shape, dtype, fmt) for shape in shapes for dtype in dtypes for fmt in formats or [None]]
-    tasks = [(shape, dtype, fmt, impl) for shape, dtype, fmt in problems for impl in chosen
-             if _belongs(impl, fmt, explicit=impl.name in asked)]
+    tasks = [
+        (shape, dtype, fmt, impl)
+        for shape, dtype, fmt in problems
+        for impl in chosen
+        if _belongs(impl, fmt, explicit=impl.name in asked)
+    ]
     rows: list[Row] = []
     bar = _progress_bar(len(tasks)) if progress else None
-    with (bar or nullcontext()):
+    with bar or nullcontext():
         task_id = bar.add_task("comparing", total=len(tasks)) if bar else None
         current: tuple[Shape, str, str | None] | None = None
         for shape, dtype, fmt, impl in tasks:
@@ -289,8 +298,10 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
     row = Row(impl.name, impl.language, impl.device, str(shape), dtype, status="ok", weights=problem.weights)
     try:
         if impl.weights and not problem.quantized:
-            raise MatmulInputError(f"{impl.name} takes quantized weights ({', '.join(impl.weights)}): "
-                                   f"compare them with weights=[...] (--weights)")
+            raise MatmulInputError(
+                f"{impl.name} takes quantized weights ({', '.join(impl.weights)}): "
+                f"compare them with weights=[...] (--weights)"
+            )
         check_problem(impl, shape, dtype, allow_slow)
         if problem.quantized:
             problem.inputs  # noqa: B018 - quantizing refuses a K that is not a multiple of the block
@@ -361,12 +372,15 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
     return row
 
 
-
 def _progress_bar(total: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
     )

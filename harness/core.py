@@ -11,6 +11,7 @@ Every call is split in two so that one timer and one checker serve every languag
                                                       # synchronised before it returns
     prepared.result()                                 # the product as a NumPy array
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -70,27 +71,27 @@ class Backend(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class Implementation:
-    name: str                      # "<language>.<technique>", e.g. "c.blocked"
-    language: str                  # python, c, numpy, cuda, triton, torch
-    device: str                    # cpu or gpu
-    dtypes: tuple[str, ...]        # the input dtypes it accepts
-    summary: str                   # one line, for tables
+    name: str  # "<language>.<technique>", e.g. "c.blocked"
+    language: str  # python, c, numpy, cuda, triton, torch
+    device: str  # cpu or gpu
+    dtypes: tuple[str, ...]  # the input dtypes it accepts
+    summary: str  # one line, for tables
     backend: Backend = field(repr=False, compare=False)
-    source: str | None = None      # relative to the repository root
-    operation: str = "gemm"        # gemm, or gemv (M = 1 only)
+    source: str | None = None  # relative to the repository root
+    operation: str = "gemm"  # gemm, or gemv (M = 1 only)
     weights: tuple[str, ...] = ()  # weight formats of a decode GEMV (quant.py: "q8_0", "q4_0", "bf16"):
-                                   # B arrives as quant.QuantizedWeights of W [N, K]; () = a float B
+    # B arrives as quant.QuantizedWeights of W [N, K]; () = a float B
     max_flops: float | None = None  # bigger problems are refused unless allow_slow
     slow_rate: float | None = None  # FLOP/s, to say how long a refused problem would take
-    multiple_of: int = 1           # M, N and K must be multiples of this
+    multiple_of: int = 1  # M, N and K must be multiples of this
     requires: tuple[str, ...] = ()  # what it needs to run: "gpu", "pycuda", "triton", ...
     options: Mapping[str, Any] = field(default_factory=dict)  # default keyword options
-    baseline: bool = False         # the library baseline for its device
-    peer: bool = False             # a library a user would pick instead: shown beside the baseline
-    threaded: bool = False         # accepts a `threads` option
+    baseline: bool = False  # the library baseline for its device
+    peer: bool = False  # a library a user would pick instead: shown beside the baseline
+    threaded: bool = False  # accepts a `threads` option
     activation_rounding: str | None = None  # "q8_0": rounds X to Q8_0 blocks before multiplying (ggml's CPU
-                                            # mat-vec); checked with the extra error that implies
-                                            # (activation_error.py), on top of the float32 model
+    # mat-vec); checked with the extra error that implies
+    # (activation_error.py), on top of the float32 model
 
     def unavailable_reason(self) -> str | None:
         return self.availability()[0]
@@ -210,7 +211,8 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
             limit = f"{duration_text(impl.max_flops / impl.slow_rate)}, "
         raise MatmulInputError(
             f"{impl.name} would take too long at {shape} (MxNxK){estimate}: the limit is {limit}"
-            f"{impl.max_flops:.2g} FLOPs. Pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run it anyway"
+            f"{impl.max_flops:.2g} FLOPs. Pass allow_slow=True (or --allow-slow, or set {ALLOW_SLOW_ENV}=1) to run "
+            "it anyway"
         )
 
 
@@ -250,7 +252,8 @@ def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) 
     b = _plain_array(impl, "B", b)
     if a.ndim != 2 or b.ndim != 2:
         raise MatmulInputError(
-            f"{impl.name} expects two 2-D arrays, A [M, K] and B [K, N]; got {a.ndim}-D A {a.shape} and {b.ndim}-D B {b.shape}"
+            f"{impl.name} expects two 2-D arrays, A [M, K] and B [K, N]; got {a.ndim}-D A {a.shape} and {b.ndim}-D "
+            f"B {b.shape}"
         )
     if a.shape[1] != b.shape[0]:
         raise MatmulInputError(
@@ -283,7 +286,9 @@ def _validate_decode_inputs(impl: Implementation, x, weights, allow_slow: bool |
             f"{', '.join(impl.weights)}), got {type(weights).__name__} for B"
         )
     if weights.format not in impl.weights:
-        raise MatmulInputError(f"{impl.name} does not take {weights.format} weights (it takes {', '.join(impl.weights)})")
+        raise MatmulInputError(
+            f"{impl.name} does not take {weights.format} weights (it takes {', '.join(impl.weights)})"
+        )
     x = _plain_array(impl, "X", x)
     if x.ndim != 2:
         raise MatmulInputError(f"{impl.name} expects activations X [M, K] as a 2-D array, got {x.ndim}-D {x.shape}")
@@ -313,8 +318,11 @@ def check_result(impl: Implementation, result, a: np.ndarray, b: np.ndarray) -> 
     else is a bug in it, reported as one rather than passed on."""
     expected = output_shape(a, b)
     if not isinstance(result, np.ndarray) or result.shape != expected or result.dtype != a.dtype:
-        got = (f"{type(result).__name__} {getattr(result, 'shape', '')} {dtype_name(result.dtype)}"
-               if isinstance(result, np.ndarray) else type(result).__name__)
+        got = (
+            f"{type(result).__name__} {getattr(result, 'shape', '')} {dtype_name(result.dtype)}"
+            if isinstance(result, np.ndarray)
+            else type(result).__name__
+        )
         raise ResultError(f"{impl.name} returned {got}; it must return a {expected} {dtype_name(a.dtype)} array")
     return result
 
@@ -378,7 +386,9 @@ class Matmul:
         unknown = set(options) - set(impl.options) - ({"threads"} if impl.threaded else set())
         if unknown:
             known = sorted(set(impl.options) | ({"threads"} if impl.threaded else set()))
-            raise TypeError(f"{impl.name} takes no option {', '.join(sorted(unknown))} (its options: {', '.join(known) or 'none'})")
+            raise TypeError(
+                f"{impl.name} takes no option {', '.join(sorted(unknown))} (its options: {', '.join(known) or 'none'})"
+            )
         self.options = {**impl.options, **options}
         self._call = None  # the backend's bound call, made on first use
         self._fast = None  # (bound call, dtypes, max elements) for the fast path, made on first use
@@ -419,8 +429,15 @@ class Matmul:
             shape_a, shape_b = a.shape, b.shape
             if dtype is b.dtype and dtype in dtypes and len(shape_a) == 2 and len(shape_b) == 2:
                 (m, k), (k_b, n) = shape_a, shape_b
-                if (k == k_b and m and n and k and m * k + k * n + m * n <= max_elements
-                        and a.flags.carray and b.flags.carray):
+                if (
+                    k == k_b
+                    and m
+                    and n
+                    and k
+                    and m * k + k * n + m * n <= max_elements
+                    and a.flags.carray
+                    and b.flags.carray
+                ):
                     return call(a, b)
         a, b = validate_inputs(self.impl, a, b, self.allow_slow)  # once: the call path is timed by users
         if 0 not in a.shape and 0 not in b.shape:
@@ -466,6 +483,8 @@ class Matmul:
             else:
                 reason, broken = self.impl.availability()
                 if reason:
-                    raise (BrokenError if broken else UnavailableError)(f"{self.impl.name} is unavailable here: {reason}")
+                    raise (BrokenError if broken else UnavailableError)(
+                        f"{self.impl.name} is unavailable here: {reason}"
+                    )
                 self._call = bind(self.impl, self.options)
         return self._call or None

@@ -18,6 +18,7 @@ Either is registered as ``<file stem>.<function>`` (``mine.matmul``), checked ag
 float64 reference with the same error model before it is timed, and shows up in every table,
 JSON and plot like ours.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -71,9 +72,18 @@ def add_external(spec: str) -> str:
     if problem:
         raise ExternalError(f"{spec}: {problem}")
     language = "python" if path.suffix == ".py" else "c"
-    register(Implementation(name=name, language=language, device="cpu",
-                            dtypes=dtypes, summary=f"your own: {function} in {path}", backend=backend,
-                            source=str(path)), replace=True)
+    register(
+        Implementation(
+            name=name,
+            language=language,
+            device="cpu",
+            dtypes=dtypes,
+            summary=f"your own: {function} in {path}",
+            backend=backend,
+            source=str(path),
+        ),
+        replace=True,
+    )
     return name
 
 
@@ -144,7 +154,9 @@ class _CFunction:
         if not library.is_file():
             folder.mkdir(parents=True, exist_ok=True)
             partial = library.with_suffix(f".{os.getpid()}.partial")
-            done = subprocess.run([compiler, *flags, "-o", str(partial), str(self.path)], capture_output=True, text=True)
+            done = subprocess.run(
+                [compiler, *flags, "-o", str(partial), str(self.path)], capture_output=True, text=True
+            )
             if done.returncode != 0:
                 partial.unlink(missing_ok=True)
                 first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[-300:])
@@ -161,7 +173,9 @@ class _CFunction:
         if not found and getattr(library, self.function, None) is not None:
             found["float32"] = getattr(library, self.function)
         if not found:
-            raise ExternalError(f"{self.path} defines none of {self.function}_f32, {self.function}_f64, {self.function}")
+            raise ExternalError(
+                f"{self.path} defines none of {self.function}_f32, {self.function}_f64, {self.function}"
+            )
         for dtype, symbol in found.items():
             pointer = ctypes.POINTER(C_TYPES[dtype])
             symbol.argtypes = [pointer, pointer, pointer, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]

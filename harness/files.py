@@ -6,6 +6,7 @@ the bytes go to a temporary file in the destination's folder, are flushed to the
 only then is the file renamed over the destination, which the OS does in one step. A full
 disk, an error or Ctrl-C half-way leaves the previous file as it was and no partial one.
 """
+
 from __future__ import annotations
 
 import os
@@ -112,7 +113,9 @@ def locked(path):
         descriptor = os.open(path, flags, 0o666)
     except OSError as error:
         if os.path.islink(path):
-            raise OSError(error.errno, f"refusing to lock {path}: it is a symlink, and a lock never follows one") from None
+            raise OSError(
+                error.errno, f"refusing to lock {path}: it is a symlink, and a lock never follows one"
+            ) from None
         raise
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)

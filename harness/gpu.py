@@ -12,6 +12,7 @@
 It lives outside ``backends`` so the CUDA, Triton and cuBLAS adapters and the experiments use
 one timer without reaching into each other.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -47,8 +48,9 @@ def cuda_unavailable_reason() -> str | None:
         return "PyTorch is not installed (it allocates GPU memory, runs cuBLAS and times GPU work)"
     if not torch.cuda.is_available():
         built = torch.version.cuda
-        return (f"no CUDA GPU is visible to PyTorch {torch.__version__} "
-                + (f"(built for CUDA {built})" if built else "(a CPU-only build)"))
+        return f"no CUDA GPU is visible to PyTorch {torch.__version__} " + (
+            f"(built for CUDA {built})" if built else "(a CPU-only build)"
+        )
     return None
 
 
@@ -165,7 +167,9 @@ class DeviceProblem:
         if result.shape != expected:
             return CheckOutcome(False, float("inf"), f"result shape {result.shape}, expected {expected}")
         if result.dtype != self.dtype:
-            return CheckOutcome(False, float("inf"), f"result dtype {result.dtype.name}, expected the problem's {self.dtype.name}")
+            return CheckOutcome(
+                False, float("inf"), f"result dtype {result.dtype.name}, expected the problem's {self.dtype.name}"
+            )
         if result.size == 0:
             return CheckOutcome(True, 0.0, "empty result")
         got = to_device(result).to(torch.float64)

@@ -7,6 +7,7 @@ problem it ran, names the first rung and the best one, with the best one's speed
 device's library baseline and its share of the machine's peak. It writes the table (Markdown,
 which the README embeds between markers and a test keeps current) and a figure.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,18 +19,18 @@ from .inputs import parse_shape
 from .render import format_time, rate_text, ratio_text, short_shape
 
 LADDERS = ("python", "c", "cuda", "triton")  # our implementations; every other language is a library
-DTYPES = ("float32", "bfloat16")             # float16 runs the same kernels as bfloat16: one is enough
+DTYPES = ("float32", "bfloat16")  # float16 runs the same kernels as bfloat16: one is enough
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 
 
 @dataclass(frozen=True)
 class Line:
     machine: str
-    problem: str     # "1024^3 float32", "GEMV 1x4096x4096 float32"
+    problem: str  # "1024^3 float32", "GEMV 1x4096x4096 float32"
     ladder: str
-    first: dict      # the ladder's first rung that ran (registry order), as a comparison row
-    best: dict       # its fastest rung
-    baseline: str    # the library it is measured against
+    first: dict  # the ladder's first rung that ran (registry order), as a comparison row
+    best: dict  # its fastest rung
+    baseline: str  # the library it is measured against
     gemv: bool
 
 
@@ -49,8 +50,11 @@ def lines_from(path) -> list[Line]:
     data = json.loads(Path(path).read_text())
     rows = [row for row in data.get("results", []) if row.get("status") == "ok" and row.get("median_s")]
     machine = _machine_name(data)
-    baselines = {row["implementation"] for row in rows if row.get("speedup") and abs(row["speedup"] - 1) < 1e-12
-                 and row["language"] not in LADDERS}
+    baselines = {
+        row["implementation"]
+        for row in rows
+        if row.get("speedup") and abs(row["speedup"] - 1) < 1e-12 and row["language"] not in LADDERS
+    }
     problems = {}
     for row in rows:
         if row["dtype"] in DTYPES:
@@ -61,17 +65,28 @@ def lines_from(path) -> list[Line]:
     for (kind, dtype), shapes in sorted(problems.items(), key=lambda item: (item[0][0], DTYPES.index(item[0][1]))):
         by_size = sorted(shapes, key=lambda text: parse_shape(text).flops, reverse=True)
         for ladder in LADDERS:
-            ran = [row for row in rows if row["language"] == ladder and row["dtype"] == dtype and row["shape"] in shapes]
+            ran = [
+                row for row in rows if row["language"] == ladder and row["dtype"] == dtype and row["shape"] in shapes
+            ]
             if not ran:
                 continue
             # The biggest problem the ladder's first rung ran at (pure Python stops at 512^3), so
             # that the line shows what climbing the whole ladder buys.
             first_name = ran[0]["implementation"]
-            shape = next(text for text in by_size if any(row["implementation"] == first_name and row["shape"] == text
-                                                         for row in ran))
+            shape = next(
+                text
+                for text in by_size
+                if any(row["implementation"] == first_name and row["shape"] == text for row in ran)
+            )
             rungs = [row for row in ran if row["shape"] == shape]
-            base = next((row["implementation"] for row in rows if row["shape"] == shape and row["dtype"] == dtype
-                         and row["implementation"] in baselines), "")
+            base = next(
+                (
+                    row["implementation"]
+                    for row in rows
+                    if row["shape"] == shape and row["dtype"] == dtype and row["implementation"] in baselines
+                ),
+                "",
+            )
             best = max(rungs, key=lambda row: row["gflops"] or 0)
             problem = f"{'GEMV ' if kind == 'gemv' else ''}{short_shape(shape)} {dtype}"
             out.append(Line(machine, problem, ladder, rungs[0], best, base, kind == "gemv"))
@@ -89,19 +104,25 @@ def headline_lines(directories=("results/cpu", "results/gpu")) -> list[Line]:
 
 def table(lines: list[Line]) -> str:
     """The Markdown table: one line per ladder and problem."""
-    out = ["| machine | problem | ladder | first rung | best rung | time | speed | vs baseline | % peak |",
-           "|---|---|---|---|---|---:|---:|---:|---:|"]
+    out = [
+        "| machine | problem | ladder | first rung | best rung | time | speed | vs baseline | % peak |",
+        "|---|---|---|---|---|---:|---:|---:|---:|",
+    ]
     for line in lines:
         best = line.best
-        speed = f"{rate_text(best.get('gbytes_per_s'))} GB/s" if line.gemv else f"{rate_text(best.get('gflops'))} GFLOP/s"
+        speed = (
+            f"{rate_text(best.get('gbytes_per_s'))} GB/s" if line.gemv else f"{rate_text(best.get('gflops'))} GFLOP/s"
+        )
         first = f"`{line.first['implementation']}` ({ratio_text(line.first.get('speedup'))})"
         vs = f"{ratio_text(best.get('speedup'))} {line.baseline}" if best.get("speedup") else ""
         # A CPU GEMV's % peak is of the FMA roof, which it cannot approach: bandwidth bounds it
         cpu_gemv = line.gemv and best.get("device") == "cpu"
         peak = f"{best['peak_pct']:.0f}%" if best.get("peak_pct") is not None and not cpu_gemv else ""
-        out.append(f"| {line.machine} | {line.problem} | {line.ladder} | {first} | `{best['implementation']}` | "
-                   f"{format_time(best['median_s'])} | {speed} | "
-                   f"{vs} | {peak} |")
+        out.append(
+            f"| {line.machine} | {line.problem} | {line.ladder} | {first} | `{best['implementation']}` | "
+            f"{format_time(best['median_s'])} | {speed} | "
+            f"{vs} | {peak} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -118,13 +139,29 @@ def figure(lines: list[Line], path) -> Path:
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(shown) + 1.6))
     labels = [f"{line.ladder}: {line.problem}\n{line.machine.split(',')[0]}" for line in shown]
     positions = range(len(shown))
-    firsts = ax.barh([p + 0.2 for p in positions], [line.first["speedup"] for line in shown], height=0.4,
-                     color="#bbbbbb", label="first rung")
-    ax.bar_label(firsts, labels=[line.first["implementation"] for line in shown], fontsize=6, padding=2, color="#555555")
-    bars = ax.barh([p - 0.2 for p in positions], [line.best["speedup"] for line in shown], height=0.4,
-                   color="#1f77b4", label="best rung")
-    ax.bar_label(bars, labels=[f"{line.best['implementation']} {ratio_text(line.best['speedup'])}" for line in shown],
-                 fontsize=7, padding=2)
+    firsts = ax.barh(
+        [p + 0.2 for p in positions],
+        [line.first["speedup"] for line in shown],
+        height=0.4,
+        color="#bbbbbb",
+        label="first rung",
+    )
+    ax.bar_label(
+        firsts, labels=[line.first["implementation"] for line in shown], fontsize=6, padding=2, color="#555555"
+    )
+    bars = ax.barh(
+        [p - 0.2 for p in positions],
+        [line.best["speedup"] for line in shown],
+        height=0.4,
+        color="#1f77b4",
+        label="best rung",
+    )
+    ax.bar_label(
+        bars,
+        labels=[f"{line.best['implementation']} {ratio_text(line.best['speedup'])}" for line in shown],
+        fontsize=7,
+        padding=2,
+    )
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(list(positions), labels, fontsize=7)
     ax.invert_yaxis()
@@ -148,6 +185,8 @@ def write(directories=("results/cpu", "results/gpu"), out="results") -> tuple[Pa
     """Write <out>/headline.md and <out>/headline.png from the comparisons in ``directories``."""
     lines = headline_lines(directories)
     if not lines:
-        raise FileNotFoundError(f"no comparison.json with timed rows in {', '.join(map(str, directories))}; "
-                                "run `python -m harness comparison --out DIR` first")
+        raise FileNotFoundError(
+            f"no comparison.json with timed rows in {', '.join(map(str, directories))}; "
+            "run `python -m harness comparison --out DIR` first"
+        )
     return (files.write_text(Path(out) / "headline.md", table(lines)), figure(lines, Path(out) / "headline.png"))

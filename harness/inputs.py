@@ -4,6 +4,7 @@ Shape order, everywhere in this project: ``MxNxK``. C = A @ B is M x N; K is the
 dimension that the sum runs over, so A is M x K and B is K x N. A single number ``N`` means
 the square problem NxNxN.
 """
+
 from __future__ import annotations
 
 import re

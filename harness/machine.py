@@ -1,4 +1,5 @@
 """What machine a result came from, and its peak FLOP rate where it can be worked out."""
+
 from __future__ import annotations
 
 import os
@@ -7,7 +8,20 @@ import sys
 from functools import lru_cache
 from importlib import metadata
 
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "neon", "asimd", "sve")
+SIMD_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_bf16",
+    "avx512_fp16",
+    "neon",
+    "asimd",
+    "sve",
+)
 PACKAGES = ("numpy", "cffi", "threadpoolctl", "torch", "triton", "pycuda", "ml_dtypes", "matplotlib")
 
 
@@ -47,7 +61,9 @@ def blas_info() -> list[dict]:
         return []
     # what identifies the library, not where this machine installed it (no absolute paths in results)
     keep = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads", "threading_layer")
-    return [{k: entry.get(k) for k in keep if k in entry} for entry in threadpool_info() if entry.get("user_api") == "blas"]
+    return [
+        {k: entry.get(k) for k in keep if k in entry} for entry in threadpool_info() if entry.get("user_api") == "blas"
+    ]
 
 
 def versions() -> dict[str, str]:
@@ -116,7 +132,10 @@ def measured_fma_roofs() -> dict | None:
             return None
         measured[dtype] = entry
     median = ffi.new("double *")
-    entry = {"best": round(float(measure_read(READ_BYTES, READ_TRIALS, median)), 2), "median": round(float(median[0]), 2)}
+    entry = {
+        "best": round(float(measure_read(READ_BYTES, READ_TRIALS, median)), 2),
+        "median": round(float(median[0]), 2),
+    }
     if _plausible_roof("read_gbps", entry):
         measured["read_gbps"] = entry
     return remember_roofs(f"{cpu_model()} | {' '.join(simd_flags())}", measured)
@@ -141,8 +160,7 @@ def _plausible_roof(kind: str, entry) -> bool:
     def number(value) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= (limit or 0)
 
-    return (isinstance(entry, dict) and number(entry.get("best"))
-            and ("median" not in entry or number(entry["median"])))
+    return isinstance(entry, dict) and number(entry.get("best")) and ("median" not in entry or number(entry["median"]))
 
 
 def _read_roof_cache(cache) -> dict:
@@ -167,8 +185,10 @@ def _read_roof_cache(cache) -> dict:
 
 
 def _keep_best(previous: dict, measured: dict) -> dict:
-    return {kind: previous[kind] if kind in previous and previous[kind]["best"] > entry["best"] else entry
-            for kind, entry in measured.items()}
+    return {
+        kind: previous[kind] if kind in previous and previous[kind]["best"] > entry["best"] else entry
+        for kind, entry in measured.items()
+    }
 
 
 def remember_roofs(key: str, measured: dict) -> dict:
@@ -214,8 +234,10 @@ def memory_roof_gbps(threads: int = 1) -> float | None:
     except Exception:
         return None
     median = ffi.new("double *")
-    entry = {"best": round(float(measure(READ_BYTES, READ_TRIALS, threads, median)), 2),
-             "median": round(float(median[0]), 2)}
+    entry = {
+        "best": round(float(measure(READ_BYTES, READ_TRIALS, threads, median)), 2),
+        "median": round(float(median[0]), 2),
+    }
     kind = f"read_gbps_{threads}_threads"
     if not _plausible_roof(kind, entry):
         return None
@@ -249,7 +271,11 @@ def _gpu_present() -> bool:
     """A cheap look for an NVIDIA driver, so CPU-only runs never import torch for this."""
     import shutil
 
-    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+    return (
+        os.path.exists("/proc/driver/nvidia")
+        or os.path.exists("/dev/nvidia0")
+        or shutil.which("nvidia-smi") is not None
+    )
 
 
 def gpu_info() -> dict | None:
@@ -277,8 +303,17 @@ def gpu_info() -> dict | None:
     try:
         import subprocess
 
-        query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
-                                "--format=csv,noheader", f"--id={index}"], capture_output=True, text=True, timeout=10)
+        query = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
+                "--format=csv,noheader",
+                f"--id={index}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if query.returncode == 0 and query.stdout.strip():
             driver, sm_clock, mem_clock = (part.strip() for part in query.stdout.strip().splitlines()[0].split(","))
             info.update(driver=driver, max_sm_clock=sm_clock, max_memory_clock=mem_clock)
@@ -302,7 +337,11 @@ def machine_info(measure_clock: bool = True) -> dict:
         "cores": os.cpu_count(),
         "simd": list(simd_flags()),
         "blas": blas_info(),
-        "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") if k in os.environ},
+        "openblas_env": {
+            k: os.environ[k]
+            for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+            if k in os.environ
+        },
         "versions": versions(),
     }
     gpu = gpu_info()
@@ -311,15 +350,17 @@ def machine_info(measure_clock: bool = True) -> dict:
     if measure_clock:
         clock = measured_clock_ghz()
         info["cpu_clock_ghz_measured"] = round(clock, 3) if clock else None
-        info["cpu_peak_gflops_per_core"] = {
-            dtype: cpu_peak_gflops(dtype) for dtype in ("float32", "float64")
-        }
+        info["cpu_peak_gflops_per_core"] = {dtype: cpu_peak_gflops(dtype) for dtype in ("float32", "float64")}
         roofs = measured_fma_roofs()
         if roofs:
             info["cpu_fma_roofs_gflops_per_core"] = roofs
-            info["cpu_peak_basis"] = (f"one core's FMA throughput measured with {simd_bits()}-bit SIMD, best of "
-                                      f"{ROOF_TRIALS} trials (median beside it), kept per machine; read_gbps: "
-                                      f"one core streaming {READ_BYTES >> 20} MiB in, best of {READ_TRIALS}")
+            info["cpu_peak_basis"] = (
+                f"one core's FMA throughput measured with {simd_bits()}-bit SIMD, best of "
+                f"{ROOF_TRIALS} trials (median beside it), kept per machine; read_gbps: "
+                f"one core streaming {READ_BYTES >> 20} MiB in, best of {READ_TRIALS}"
+            )
         else:
-            info["cpu_peak_basis"] = f"measured clock x {simd_bits()}-bit SIMD x FMA (2 FLOPs) x {FMA_UNITS_PER_CORE} FMA units"
+            info["cpu_peak_basis"] = (
+                f"measured clock x {simd_bits()}-bit SIMD x FMA (2 FLOPs) x {FMA_UNITS_PER_CORE} FMA units"
+            )
     return info

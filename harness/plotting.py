@@ -1,4 +1,5 @@
 """The comparison's plot: GFLOP/s against shape for GEMMs, a panel of GB/s bars for GEMVs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,8 +25,9 @@ def plot(results: "Results", path, title: str | None = None) -> Path:
     gemv = [row for row in timed if parse_shape(row.shape).m == 1]
     gemm = [row for row in timed if parse_shape(row.shape).m != 1]
     panels = 2 if gemv and gemm else 1
-    fig, axes = plt.subplots(1, panels, figsize=(9 + 5 * (panels - 1), 5.5), squeeze=False,
-                             gridspec_kw={"width_ratios": [9, 5][:panels]})
+    fig, axes = plt.subplots(
+        1, panels, figsize=(9 + 5 * (panels - 1), 5.5), squeeze=False, gridspec_kw={"width_ratios": [9, 5][:panels]}
+    )
     several_dtypes = len({row.dtype for row in timed}) > 1
 
     def label(row):
@@ -53,8 +55,14 @@ def plot(results: "Results", path, title: str | None = None) -> Path:
             series.setdefault((row.implementation, row.dtype), []).append((shapes.index(row.shape), row.gflops))
         for (name, dtype), points in series.items():
             points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colours[name],
-                    linestyle=styles[dtype], label=f"{name} ({dtype})" if several_dtypes else name)
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="o",
+                color=colours[name],
+                linestyle=styles[dtype],
+                label=f"{name} ({dtype})" if several_dtypes else name,
+            )
         ax.set_xticks(range(len(shapes)), [short_shape(text) for text in shapes])
         ax.set_xlim(-0.3, len(shapes) - 0.7)
         ax.set_yscale("log")

@@ -4,6 +4,7 @@ Each backend module registers its own implementations with ``register`` when it 
 the imports at the bottom of this file, in reading order, are the only list. A user's own
 implementation joins the same way: ``harness.register(harness.Implementation(...))``.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -21,7 +22,9 @@ def register(impl: Implementation, *, replace: bool = False) -> Implementation:
     if "." not in impl.name:
         raise ValueError(f"an implementation's name is '<language>.<technique>', got {impl.name!r}")
     if impl.name in REGISTRY and not replace:
-        raise ValueError(f"an implementation named {impl.name!r} is already registered (pass replace=True to replace it)")
+        raise ValueError(
+            f"an implementation named {impl.name!r} is already registered (pass replace=True to replace it)"
+        )
     REGISTRY[impl.name] = impl
     return impl
 
@@ -53,7 +56,6 @@ def describe(impl: Implementation) -> str | None:
         return f"({type(error).__name__}: {error})"
 
 
-
 def lookup(name: str) -> Implementation:
     try:
         return REGISTRY[name]
@@ -62,4 +64,4 @@ def lookup(name: str) -> Implementation:
 
 
 # Reading order: each module registers its implementations as it is imported.
-from .backends import python_loops, c, decode, numpy_blas, peers, ggml_peer, cuda, torch_gpu, torch_int4, triton_kernels  # noqa: E402, F401
+from .backends import c, cuda, decode, ggml_peer, numpy_blas, peers, python_loops, torch_gpu, torch_int4, triton_kernels  # noqa: E402, F401

@@ -4,6 +4,7 @@ Cells are sized for an 80-column terminal: times in the unit that keeps three di
 ratios far below 1 as fractions (1/310x), and every row that did not run summed up in one line
 per reason below the table.
 """
+
 from __future__ import annotations
 
 import io
@@ -27,12 +28,20 @@ def table(results: "Results", width: int = 100):
 
     wide = width >= 110
     decode = results.decode  # decode problems: bandwidth is the measure, the weights the variable
-    title = ("decode: Y[M,N] = X[M,K] @ W[N,K]^T, W stored in each format; shapes MxNxK" if decode
-             else "matmul: C[M,N] = A[M,K] @ B[K,N], shapes MxNxK (N^3: a square)")
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title_justify="left",
-                  title=title)
-    columns = [("implementation", "left"), ("shape", "right"), ("weights" if decode else "dtype", "left"),
-               ("time", "right")]
+    title = (
+        "decode: Y[M,N] = X[M,K] @ W[N,K]^T, W stored in each format; shapes MxNxK"
+        if decode
+        else "matmul: C[M,N] = A[M,K] @ B[K,N], shapes MxNxK (N^3: a square)"
+    )
+    table = Table(
+        box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title_justify="left", title=title
+    )
+    columns = [
+        ("implementation", "left"),
+        ("shape", "right"),
+        ("weights" if decode else "dtype", "left"),
+        ("time", "right"),
+    ]
     if wide:
         columns += [("spread", "right")]
     columns += [("GFLOP/s", "right")]
@@ -69,7 +78,8 @@ def not_run(results: "Results") -> list[str]:
             reason = general_reason(row.implementation, detail)
             estimate = re.search(r"\((about [^)]*)\)", detail)
             reasons.setdefault(row.implementation, {}).setdefault(reason, []).append(
-                estimate.group(1) if estimate else None)
+                estimate.group(1) if estimate else None
+            )
     grouped: dict[str, list[str]] = {}  # one line per reason, naming every implementation it stopped
     for name, by_reason in reasons.items():
         parts = []
@@ -99,11 +109,14 @@ def render(results: "Results", width: int | None = None) -> str:
         out.append(console.file.getvalue().rstrip("\n"))
     notes = []
     if any(row.spread is not None and row.spread > NOISY_SPREAD for row in results.ran()):
-        notes.append(f"! the timings of this row spread over ±{NOISY_SPREAD:.0%}: the machine was busy; "
-                     "rerun it, or raise --min-time")
+        notes.append(
+            f"! the timings of this row spread over ±{NOISY_SPREAD:.0%}: the machine was busy; "
+            "rerun it, or raise --min-time"
+        )
     if any(row.peak_pct is not None and row.peak_pct > 100 for row in results.ran()):
-        notes.append("? above 100% of the peak: the roof was under-measured on this machine "
-                     "(see the JSON's machine section)")
+        notes.append(
+            "? above 100% of the peak: the roof was under-measured on this machine (see the JSON's machine section)"
+        )
     stand_ins = sorted({row.mode for row in results.ran() if row.mode != "native"})
     if stand_ins:
         notes.append(f"ok* {' / '.join(stand_ins)}, not timed: GPU code checked on a CPU stand-in")
@@ -191,7 +204,7 @@ def general_reason(name: str, reason: str) -> str:
     """A refusal's reason without its problem's particulars (the shape, the dtype, what was
     got), so one line can stand for every problem it refused: its first clause, to act on."""
     if reason.startswith(name + " "):
-        reason = reason[len(name) + 1:]
+        reason = reason[len(name) + 1 :]
     reason = re.sub(r" at \d+x\d+x\d+ \(MxNxK\)| \(about [^)]*\)|,? got .*$| \(got [^)]*\)", "", reason)
     for separator in ("; ", ". ", ": the limit"):
         reason = reason.split(separator, 1)[0]

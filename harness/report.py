@@ -1,4 +1,5 @@
 """``python -m harness report DIR``: gather the experiments' JSON and plots into DIR/REPORT.md."""
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,21 @@ def machine_label(machine: dict, clock: str | None = None) -> str:
     versions = machine.get("versions", {})
     blas = machine.get("blas") or [{}]
     parts = [
-        f"CPU: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, SIMD {' '.join(machine.get('simd', []))}",
+        f"CPU: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, SIMD "
+        f"{' '.join(machine.get('simd', []))}",
         f"clock {clock if clock is not None else machine.get('cpu_clock_ghz_measured', '?')} GHz measured",
-        f"BLAS: {blas[0].get('internal_api', '?')} {blas[0].get('version', '')} ({blas[0].get('architecture', '?')} kernel)",
-        "Python " + versions.get("python", "?") + ", " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "python"),
+        f"BLAS: {blas[0].get('internal_api', '?')} {blas[0].get('version', '')} "
+        f"({blas[0].get('architecture', '?')} kernel)",
+        "Python "
+        + versions.get("python", "?")
+        + ", "
+        + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "python"),
     ]
     gpu = machine.get("gpu")
     if gpu:
-        parts.insert(1, "GPU: " + (", ".join(f"{k} {v}" for k, v in gpu.items()) if isinstance(gpu, dict) else str(gpu)))
+        parts.insert(
+            1, "GPU: " + (", ".join(f"{k} {v}" for k, v in gpu.items()) if isinstance(gpu, dict) else str(gpu))
+        )
     return "; ".join(parts)
 
 
@@ -87,13 +95,17 @@ def write_report(directory, problems: list[str] | None = None) -> Path:
         problems.extend(left_out)
     if not sections:
         found = f" ({'; '.join(left_out)})" if left_out else ""
-        raise FileNotFoundError(f"no readable experiment results (*.json) in {directory}{found}; "
-                                f"run `python -m harness experiments --out {directory}` first")
+        raise FileNotFoundError(
+            f"no readable experiment results (*.json) in {directory}{found}; "
+            f"run `python -m harness experiments --out {directory}` first"
+        )
     if left_out:
         sections.append("\n".join(["## Left out", "", *(f"- {line}" for line in left_out), ""]))
     header = [
-        "# Matmul report", "",
-        f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by `python -m harness report {directory}`.", "",
+        "# Matmul report",
+        "",
+        f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by `python -m harness report {directory}`.",
+        "",
         *_machine_lines(machines),
         "",
     ]

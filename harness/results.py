@@ -3,6 +3,7 @@
 
 Printing (render.py) and plotting (plotting.py) read these; the run loop (compare.py) fills them.
 """
+
 from __future__ import annotations
 
 import csv
@@ -22,9 +23,9 @@ class Row:
     implementation: str
     language: str
     device: str
-    shape: str            # MxNxK
-    dtype: str            # of the inputs (a decode problem's activations)
-    status: str           # "ok", "FAILED: ...", "skipped: ...", "unavailable: ...", "error: ..."
+    shape: str  # MxNxK
+    dtype: str  # of the inputs (a decode problem's activations)
+    status: str  # "ok", "FAILED: ...", "skipped: ...", "unavailable: ...", "error: ..."
     mode: str = "native"  # native, emulated, interpreted
     loader: str | None = None  # what loaded a compiled GPU kernel (pycuda, cupy, emulation)
     median_s: float | None = None
@@ -64,10 +65,16 @@ class Results:
     def row(self, implementation: str, shape, dtype: str = "float32", weights: str | None = None) -> Row:
         shape = str(parse_shape(shape))
         for row in self.rows:
-            if (row.implementation == implementation and row.shape == shape and row.dtype == dtype_name(dtype)
-                    and row.weights == weights):
+            if (
+                row.implementation == implementation
+                and row.shape == shape
+                and row.dtype == dtype_name(dtype)
+                and row.weights == weights
+            ):
                 return row
-        raise KeyError(f"no result for {implementation} at {shape} {dtype}" + (f" with {weights} weights" if weights else ""))
+        raise KeyError(
+            f"no result for {implementation} at {shape} {dtype}" + (f" with {weights} weights" if weights else "")
+        )
 
     @property
     def decode(self) -> bool:
@@ -123,8 +130,9 @@ class Results:
     def to_json(self, path) -> Path:
         """Strict JSON: a number that is NaN or infinite (the error of a failed row) is
         written as null; the row's status says what happened."""
-        return files.write_text(path, json.dumps(finite_or_null(self.to_dict()), indent=2, default=str,
-                                                 allow_nan=False) + "\n")
+        return files.write_text(
+            path, json.dumps(finite_or_null(self.to_dict()), indent=2, default=str, allow_nan=False) + "\n"
+        )
 
     def to_csv(self, path) -> Path:
         names = list(Row.__dataclass_fields__)
@@ -157,4 +165,3 @@ def fill_speedups(rows: list[Row]) -> None:
         base_time = base.get((row.device, row.shape, row.dtype))
         if row.timed and base_time:
             row.speedup = base_time / row.median_s
-

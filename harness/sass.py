@@ -18,6 +18,7 @@ predicate, with every modifier: ``LDG.E.128.CONSTANT``.
 
 Standalone on purpose: it needs only nvcc and cuobjdump, not the CUDA backend.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,8 +84,10 @@ def unavailable_reason() -> str | None:
     missing = [tool for tool, path in (("nvcc", nvcc()), ("cuobjdump", cuobjdump())) if path is None]
     if not missing:
         return None
-    return (" and ".join(missing) + " not found (looked for nvcc on PATH; for cuobjdump on PATH, in $CUDA_HOME/bin, "
-            "/usr/local/cuda/bin, Triton's wheel and the nvidia-cuda-cuobjdump wheel)")
+    return (
+        " and ".join(missing) + " not found (looked for nvcc on PATH; for cuobjdump on PATH, in $CUDA_HOME/bin, "
+        "/usr/local/cuda/bin, Triton's wheel and the nvidia-cuda-cuobjdump wheel)"
+    )
 
 
 @lru_cache(maxsize=None)
@@ -127,7 +130,9 @@ def compile_cubin(source: str | Path, arch: str, extra_flags: tuple[str, ...] = 
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise RuntimeError(f"nvcc failed on {source} for {arch}:\n{' '.join(command)}\n{(done.stdout + done.stderr)[-6000:]}")
+        raise RuntimeError(
+            f"nvcc failed on {source} for {arch}:\n{' '.join(command)}\n{(done.stdout + done.stderr)[-6000:]}"
+        )
     os.replace(partial, cubin)
     return cubin
 

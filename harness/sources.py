@@ -8,6 +8,7 @@ next run. A regular wheel carries copies under ``harness/_sources`` and uses tho
 ``__init__.py`` would shadow the installed Triton for anyone running from the repository
 root. Their files are loaded by path under private module names instead.
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -5,6 +5,7 @@
 in any case, treats an unset or empty variable as its default, and refuses anything else with
 a message that names the variable and the spellings it takes.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,10 @@ def switch(name: str, default: bool = False) -> bool:
         return True
     if value in FALSE:
         return False
-    raise SwitchError(f"{name}={raw!r} is neither yes nor no: set it to one of "
-                      f"{'/'.join(TRUE)} or {'/'.join(FALSE)} (any case), or unset it")
+    raise SwitchError(
+        f"{name}={raw!r} is neither yes nor no: set it to one of "
+        f"{'/'.join(TRUE)} or {'/'.join(FALSE)} (any case), or unset it"
+    )
 
 
 def switch_problems() -> list[str]:

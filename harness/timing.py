@@ -6,6 +6,7 @@ a 10-microsecond product and a 10-second one are both measured sensibly. The med
 reported time: it ignores the occasional run slowed by another process. The spread is the
 interquartile range relative to the median.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -18,7 +19,7 @@ class Timing:
     median_s: float
     min_s: float
     max_s: float
-    spread: float      # (75th - 25th percentile) / median
+    spread: float  # (75th - 25th percentile) / median
     repeats: int
 
     @classmethod
@@ -33,8 +34,11 @@ class Timing:
 
     def as_dict(self) -> dict:
         return {
-            "median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s,
-            "spread": self.spread, "repeats": self.repeats,
+            "median_s": self.median_s,
+            "min_s": self.min_s,
+            "max_s": self.max_s,
+            "spread": self.spread,
+            "repeats": self.repeats,
         }
 
 

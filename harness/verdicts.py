@@ -8,6 +8,7 @@ against both the datasheet HBM bandwidth and the device-to-device copy measured 
 Decode rows (quantized weights) are told apart by their weight format; their targets are a
 share of that measured copy and a ratio against a GPU peer's row at the same problem.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,18 +20,21 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Target:
     implementation: str
-    shape: str          # MxNxK, as rows record it
+    shape: str  # MxNxK, as rows record it
     dtype: str
-    kind: str           # "vs_cublas": baseline time / this time; "hbm": share of datasheet bandwidth;
-                        # "copy": share of the measured device-to-device copy; "vs_peer": peer's time / this time
+    kind: str  # "vs_cublas": baseline time / this time; "hbm": share of datasheet bandwidth;
+    # "copy": share of the measured device-to-device copy; "vs_peer": peer's time / this time
     at_least: float
     weights: str | None = None  # a decode row's weight format (q4_0, ...); None: a plain matmul
-    peer: str | None = None     # "vs_peer": the implementation compared with, at the same problem
+    peer: str | None = None  # "vs_peer": the implementation compared with, at the same problem
 
     def describe(self) -> str:
-        what = {"vs_cublas": f"{self.at_least:.0%} of cuBLAS", "hbm": f"{self.at_least:.0%} of HBM bandwidth",
-                "copy": f"{self.at_least:.0%} of the measured copy bandwidth",
-                "vs_peer": f"{self.at_least:.2f}x {self.peer}"}[self.kind]
+        what = {
+            "vs_cublas": f"{self.at_least:.0%} of cuBLAS",
+            "hbm": f"{self.at_least:.0%} of HBM bandwidth",
+            "copy": f"{self.at_least:.0%} of the measured copy bandwidth",
+            "vs_peer": f"{self.at_least:.2f}x {self.peer}",
+        }[self.kind]
         weights = f" {self.weights} weights" if self.weights else ""
         return f"{self.implementation} {self.dtype} {self.shape}{weights}: at least {what}"
 
@@ -43,22 +47,28 @@ TARGETS = (
     Target("cuda.mma", "8192x8192x8192", "bfloat16", "vs_cublas", 0.50),
     *(Target("cuda.wgmma", f"{n}x{n}x{n}", "bfloat16", "vs_cublas", 0.80) for n in (4096, 8192)),
     Target("cuda.gemv", "1x16384x16384", "bfloat16", "hbm", 0.80),
-    *(Target("triton.matmul", f"{n}x{n}x{n}", dtype, "vs_cublas", 0.90)
-      for n in (4096, 8192) for dtype in ("float16", "bfloat16")),
+    *(
+        Target("triton.matmul", f"{n}x{n}x{n}", dtype, "vs_cublas", 0.90)
+        for n in (4096, 8192)
+        for dtype in ("float16", "bfloat16")
+    ),
     *(Target("triton.matmul_tma", f"{n}x{n}x{n}", "bfloat16", "vs_cublas", 0.95) for n in (4096, 8192)),
     *(Target("triton.gemv", "1x16384x16384", dtype, "hbm", 0.80) for dtype in ("float16", "bfloat16")),
     # q4_0 decode GEMV at >= 100 MB of weights (151 and 132 MB): the bytes at 80% of what a copy
     # moves, and at least as fast as torch's int4 weight-only kernel on the same weights
-    *(Target(name, shape, "float32", kind, at_least, weights="q4_0", peer=peer)
-      for name in ("cuda.decode", "triton.decode") for shape in ("1x16384x16384", "1x28672x8192")
-      for kind, at_least, peer in (("copy", 0.80, None), ("vs_peer", 1.0, "torch.int4_gpu"))),
+    *(
+        Target(name, shape, "float32", kind, at_least, weights="q4_0", peer=peer)
+        for name in ("cuda.decode", "triton.decode")
+        for shape in ("1x16384x16384", "1x28672x8192")
+        for kind, at_least, peer in (("copy", 0.80, None), ("vs_peer", 1.0, "torch.int4_gpu"))
+    ),
 )
 
 
 @dataclass(frozen=True)
 class Verdict:
     target: Target
-    outcome: str        # "met", "missed", "not judged"
+    outcome: str  # "met", "missed", "not judged"
     detail: str
 
     def line(self) -> str:
@@ -133,12 +143,16 @@ def read_comparison(path) -> dict:
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}; "
-                         "a file cut short reads so)") from None
+        raise ValueError(
+            f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}; "
+            "a file cut short reads so)"
+        ) from None
     if not isinstance(document, dict) or not isinstance(document.get("results"), list):
         raise ValueError(f"{path} is not a comparison's JSON: it has no list of results")
     for index, row in enumerate(document["results"]):
-        if not isinstance(row, dict) or not all(isinstance(row.get(key), str) for key in ("implementation", "shape", "dtype")):
+        if not isinstance(row, dict) or not all(
+            isinstance(row.get(key), str) for key in ("implementation", "shape", "dtype")
+        ):
             raise ValueError(f"{path}: result {index} has no implementation, shape and dtype")
         if not isinstance(row.get("status", ""), str):
             raise ValueError(f"{path}: result {index} has a status that is not text: {row['status']!r}")
@@ -148,8 +162,11 @@ def read_comparison(path) -> dict:
     machine = document.get("machine", {})
     gpu = machine.get("gpu") or {} if isinstance(machine, dict) else None
     datasheet = gpu.get("datasheet") or {} if isinstance(gpu, dict) else None
-    if not isinstance(datasheet, dict) or not _number_or_none(gpu.get("copy_bandwidth_gbps")) \
-            or not _number_or_none(datasheet.get("bandwidth")):
+    if (
+        not isinstance(datasheet, dict)
+        or not _number_or_none(gpu.get("copy_bandwidth_gbps"))
+        or not _number_or_none(datasheet.get("bandwidth"))
+    ):
         raise ValueError(f"{path}: its machine section is not what a comparison writes")
     return document
 

@@ -47,8 +47,8 @@ def matmul_outer(a, b):
     m, k, n = len(a), len(b), len(b[0]) if b else 0
     c = [[0.0] * n for _ in range(m)]
     for p in range(k):
-        a_col = [a[i][p] for i in range(m)]   # column p of A
-        b_row = b[p]                          # row p of B
+        a_col = [a[i][p] for i in range(m)]  # column p of A
+        b_row = b[p]  # row p of B
         for i in range(m):
             a_ip = a_col[i]
             c_row = c[i]

@@ -14,6 +14,7 @@ elements read.
 
 Shapes: a [M, K], b [K, N], result [M, N] in float32 (the kernel accumulates in FP32).
 """
+
 import numpy as np
 
 
@@ -29,15 +30,15 @@ def tiled_matmul(a, b, tile=16):
     n = b.shape[1]
     c = np.zeros((m, n), dtype=np.float32)
     loads = 0
-    for row in range(0, m, tile):                 # one "block" per output tile
+    for row in range(0, m, tile):  # one "block" per output tile
         for col in range(0, n, tile):
             acc = np.zeros((min(tile, m - row), min(tile, n - col)), dtype=np.float32)
-            for phase in range(0, k, tile):       # march along K one tile at a time
-                a_tile = a[row:row + tile, phase:phase + tile].astype(np.float32)  # to "shared memory"
-                b_tile = b[phase:phase + tile, col:col + tile].astype(np.float32)
+            for phase in range(0, k, tile):  # march along K one tile at a time
+                a_tile = a[row : row + tile, phase : phase + tile].astype(np.float32)  # to "shared memory"
+                b_tile = b[phase : phase + tile, col : col + tile].astype(np.float32)
                 loads += a_tile.size + b_tile.size
-                acc += a_tile @ b_tile            # each loaded value reused up to `tile` times
-            c[row:row + tile, col:col + tile] = acc
+                acc += a_tile @ b_tile  # each loaded value reused up to `tile` times
+            c[row : row + tile, col : col + tile] = acc
     return c, loads
 
 

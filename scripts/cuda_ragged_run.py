@@ -5,6 +5,7 @@ Ragged shapes (no dimension a multiple of any tile) make every kernel take its e
 where out-of-bounds accesses and missing barriers hide. Exit status 1 if a product is wrong.
 Runs anywhere the CUDA implementations can (on the CPU emulation with MATMUL_CUDA_EMULATE=1).
 """
+
 from __future__ import annotations
 
 import sys

@@ -28,6 +28,7 @@ The dry run (tests/test_gpu_check_dry_run.py) replaces the GPU with CPU implemen
 --kernels and --group, and GPU_STEPS_STAND_IN="name=hang,name=fault" makes a child process
 stand in a hang or a fault when it reaches that implementation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,15 +80,22 @@ def default_groups() -> list[tuple[str, list[str], list[str], list[str], list[st
     groups = [("baseline", baselines, GEMM_SHAPES + GEMV_SHAPES, ALL_DTYPES, [])]
     groups += [(name, [name], GEMM_SHAPES, list(harness.lookup(name).dtypes), []) for name in NEVER_RUN]
     for language in ("cuda", "triton"):
-        proven = [impl.name for impl in gpu if impl.language == language and impl.operation == "gemm"
-                  and impl.name not in NEVER_RUN and not impl.weights]
+        proven = [
+            impl.name
+            for impl in gpu
+            if impl.language == language
+            and impl.operation == "gemm"
+            and impl.name not in NEVER_RUN
+            and not impl.weights
+        ]
         groups.append((language, proven, GEMM_SHAPES, ALL_DTYPES, []))
     groups.append(("gemv", [impl.name for impl in gpu if impl.operation == "gemv"], GEMV_SHAPES, ALL_DTYPES, []))
     decode = [impl.name for impl in gpu if impl.weights]  # ours and the GPU peers (torch.int4_gpu)
     groups.append(("decode", baselines + decode, DECODE_SHAPES, ["float32"], DECODE_WEIGHTS))
     groups.append(("decode-cublas-bf16", baselines, DECODE_SHAPES, ["bfloat16"], []))
-    groups.append(("decode-batch", [impl.name for impl in gpu if "q4_0" in impl.weights], BATCH_SHAPES, ["float32"],
-                   ["q4_0"]))
+    groups.append(
+        ("decode-batch", [impl.name for impl in gpu if "q4_0" in impl.weights], BATCH_SHAPES, ["float32"], ["q4_0"])
+    )
     return groups
 
 
@@ -144,14 +152,18 @@ PROGRESS_ENV = "MATMUL_CUDA_PROGRESS"
 def report_progress_before(seconds: float, prepared_ref: list) -> None:
     """In the child: shortly before the parent's timeout, print what the kernel reported (a
     hung synchronize never returns, but pinned host memory can still be read) and end."""
+
     def report():
         progress = getattr(prepared_ref[0], "progress", None) if prepared_ref else None
         if progress is None:
             print("progress: not recorded (this kernel has no progress build)", flush=True)
         else:
             words = [int(v) for v in progress.tolist()]
-            print(f"progress: block 0's producer issued {words[0]} k-steps; its consumers finished "
-                  f"{words[1]} and {words[2]}", flush=True)
+            print(
+                f"progress: block 0's producer issued {words[0]} k-steps; its consumers finished "
+                f"{words[1]} and {words[2]}",
+                flush=True,
+            )
         os._exit(HUNG_EXIT)
 
     timer = threading.Timer(max(seconds, 0.5), report)
@@ -162,6 +174,7 @@ def report_progress_before(seconds: float, prepared_ref: list) -> None:
 def smoke_one(name: str, shape: str, dtype: str, phase_file: Path, watch_seconds: float | None = None) -> int:
     """One kernel, one shape: 0 when correct, WRONG_EXIT when the check fails; an error
     propagates. With ``watch_seconds``, the kernel's progress report is printed then."""
+
     def phase(text: str) -> None:
         write_whole(phase_file, text)
 
@@ -187,14 +200,22 @@ def smoke_one(name: str, shape: str, dtype: str, phase_file: Path, watch_seconds
     return 0 if outcome.passed else WRONG_EXIT
 
 
-def smoke(out: Path, kernels: list[str], shape: str, dtype: str, timeout: float,
-          progress_kernels: list[str] = PROGRESS_KERNELS) -> int:
+def smoke(
+    out: Path,
+    kernels: list[str],
+    shape: str,
+    dtype: str,
+    timeout: float,
+    progress_kernels: list[str] = PROGRESS_KERNELS,
+) -> int:
     results = {}
     for name in kernels:
         phase_file = out / f".phase-{name}"
         log = out / f"smoke-{name}.log"
         began = time.monotonic()
-        ended, code = run_child([sys.executable, __file__, "_smoke_one", name, shape, dtype, str(phase_file)], timeout, log)
+        ended, code = run_child(
+            [sys.executable, __file__, "_smoke_one", name, shape, dtype, str(phase_file)], timeout, log
+        )
         took = time.monotonic() - began
         reached = phase_file.read_text() if phase_file.exists() else "not started"
         phase_file.unlink(missing_ok=True)
@@ -208,7 +229,13 @@ def smoke(out: Path, kernels: list[str], shape: str, dtype: str, timeout: float,
             verdict, detail = "WRONG", last_lines(log, 1)
         else:
             verdict, detail = "FAULT", f"exit {code} while {reached}: {last_lines(log, 1)}"
-        results[name] = {"verdict": verdict, "detail": detail, "shape": shape, "dtype": dtype, "seconds": round(took, 1)}
+        results[name] = {
+            "verdict": verdict,
+            "detail": detail,
+            "shape": shape,
+            "dtype": dtype,
+            "seconds": round(took, 1),
+        }
         print(f"smoke {name:20} {verdict:5} {detail}", flush=True)
         write_whole(out / "smoke.json", json.dumps(results, indent=2) + "\n")
     lines = [f"{name:20} {r['verdict']:5} {r['detail']}" for name, r in results.items()]
@@ -221,18 +248,40 @@ def diagnose_hang(out: Path, name: str, shape: str, dtype: str, timeout: float) 
     log = out / f"smoke-{name}-progress.log"
     os.environ[PROGRESS_ENV] = "1"
     try:
-        run_child([sys.executable, __file__, "_smoke_one", name, shape, dtype, str(out / f".phase-{name}-progress"),
-                   str(max(timeout - 3, 1))], timeout, log)
+        run_child(
+            [
+                sys.executable,
+                __file__,
+                "_smoke_one",
+                name,
+                shape,
+                dtype,
+                str(out / f".phase-{name}-progress"),
+                str(max(timeout - 3, 1)),
+            ],
+            timeout,
+            log,
+        )
     finally:
         del os.environ[PROGRESS_ENV]
         (out / f".phase-{name}-progress").unlink(missing_ok=True)
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("progress:")] if log.exists() else []
+    lines = (
+        [line for line in log.read_text(errors="replace").splitlines() if line.startswith("progress:")]
+        if log.exists()
+        else []
+    )
     return lines[-1] if lines else "progress: no report (the second try did not reach the kernel)"
 
 
 # ---- compare ---------------------------------------------------------------------------------
-def compare_group(impls: list[str], shapes: list[str], dtypes: list[str], rows_file: Path, min_time: float,
-                  weights: list[str] | None = None) -> int:
+def compare_group(
+    impls: list[str],
+    shapes: list[str],
+    dtypes: list[str],
+    rows_file: Path,
+    min_time: float,
+    weights: list[str] | None = None,
+) -> int:
     """Check and time ``impls`` at every shape, dtype and weight format (``weights``: decode
     problems; none for a plain matmul), appending each problem's rows to ``rows_file`` as soon
     as they are measured."""
@@ -248,18 +297,29 @@ def compare_group(impls: list[str], shapes: list[str], dtypes: list[str], rows_f
             for dtype in dtypes:
                 for name in impls:
                     stand_in(name)
-                results = harness.compare([shape], impls, [dtype], threads=None, min_time=min_time, baselines=False,
-                                          weights=[fmt] if fmt else None)
+                results = harness.compare(
+                    [shape],
+                    impls,
+                    [dtype],
+                    threads=None,
+                    min_time=min_time,
+                    baselines=False,
+                    weights=[fmt] if fmt else None,
+                )
                 with rows_file.open("a") as handle:
                     for row in results.rows:
-                        record = finite_or_null({"row": asdict(row), "machine": results.machine,
-                                                                 "settings": results.settings})
+                        record = finite_or_null(
+                            {"row": asdict(row), "machine": results.machine, "settings": results.settings}
+                        )
                         handle.write(json.dumps(record, default=str) + "\n")
                     handle.flush()
                     os.fsync(handle.fileno())
                 problem = f"{shape} {dtype}{' ' + fmt if fmt else ''}"
-                print(f"{' '.join(impls)} {problem}: " + ", ".join(f"{r.implementation} {r.status}" for r in results.rows),
-                      flush=True)
+                print(
+                    f"{' '.join(impls)} {problem}: "
+                    + ", ".join(f"{r.implementation} {r.status}" for r in results.rows),
+                    flush=True,
+                )
     return 0
 
 
@@ -309,8 +369,15 @@ def condemned_by_smoke(smoke_json: Path | None) -> dict:
     return {k: v for k, v in json.loads(smoke_json.read_text()).items() if v["verdict"] in ("HUNG", "FAULT")}
 
 
-def compare(out: Path, groups, budget: float, min_time: float, plot: bool, smoke_json: Path | None,
-            group_timeout: float | None = None) -> int:
+def compare(
+    out: Path,
+    groups,
+    budget: float,
+    min_time: float,
+    plot: bool,
+    smoke_json: Path | None,
+    group_timeout: float | None = None,
+) -> int:
     ends = time.monotonic() + budget
     condemned = condemned_by_smoke(smoke_json)
     status, report = 0, []
@@ -319,7 +386,9 @@ def compare(out: Path, groups, budget: float, min_time: float, plot: bool, smoke
         skipped = [impl for impl in impls if impl in condemned]
         impls = [impl for impl in impls if impl not in condemned]
         for impl in skipped:
-            report.append(f"{impl:20} skipped: {condemned[impl]['verdict']} in the smoke step ({condemned[impl]['detail']})")
+            report.append(
+                f"{impl:20} skipped: {condemned[impl]['verdict']} in the smoke step ({condemned[impl]['detail']})"
+            )
             status = 1
         if not impls:
             continue
@@ -333,9 +402,21 @@ def compare(out: Path, groups, budget: float, min_time: float, plot: bool, smoke
         timeout = left if last else min(left, group_timeout or max(30.0, GROUP_SHARE * budget))
         began = time.monotonic()
         log = out / f"compare-{name}.log"
-        ended, code = run_child([sys.executable, __file__, "_compare_group", ",".join(impls), ",".join(shapes),
-                                 ",".join(dtypes), str(out / "rows.jsonl"), str(min_time), ",".join(weights)],
-                                timeout, log)
+        ended, code = run_child(
+            [
+                sys.executable,
+                __file__,
+                "_compare_group",
+                ",".join(impls),
+                ",".join(shapes),
+                ",".join(dtypes),
+                str(out / "rows.jsonl"),
+                str(min_time),
+                ",".join(weights),
+            ],
+            timeout,
+            log,
+        )
         took = time.monotonic() - began
         if ended == "timeout":
             outcome = f"killed after {took:.0f}s (hung, or out of time): {last_lines(log, 1)}"
@@ -435,8 +516,16 @@ def run_tests(out: Path, tests: list[str], first: list[str], budget: float, test
         if not remaining or left < 5:
             break
         runs += 1
-        command = [sys.executable, __file__, "_pytest", str(log), str(test_timeout), "--junitxml",
-                   str(out / f"tests-{runs}.xml"), *remaining]
+        command = [
+            sys.executable,
+            __file__,
+            "_pytest",
+            str(log),
+            str(test_timeout),
+            "--junitxml",
+            str(out / f"tests-{runs}.xml"),
+            *remaining,
+        ]
         ended, code = run_child(command, left, out / "tests-output.txt")
         for line in log.read_text().splitlines():
             word, _, rest = line.partition(" ")
@@ -452,8 +541,11 @@ def run_tests(out: Path, tests: list[str], first: list[str], budget: float, test
     for line in finished.values():
         counts[line.split(" ", 1)[0]] = counts.get(line.split(" ", 1)[0], 0) + 1
     not_run = [i for i in ordered if i not in finished]
-    lines = [f"{len(ids)} tests, {runs} pytest run(s): " + ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
-             + (f", {len(not_run)} not run (out of time)" if not_run else "")]
+    lines = [
+        f"{len(ids)} tests, {runs} pytest run(s): "
+        + ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
+        + (f", {len(not_run)} not run (out of time)" if not_run else "")
+    ]
     lines += [line.replace(f"{ROOT}{os.sep}", "") for line in finished.values() if line.startswith(("FAILED", "HUNG"))]
     write_whole(out / "tests-summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
@@ -474,16 +566,18 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "_compare_group":
         impls, shapes, dtypes, rows_file, min_time = argv[1:6]
         weights = [w for w in (argv[6] if len(argv) > 6 else "").split(",") if w]
-        return compare_group(impls.split(","), shapes.split(","), dtypes.split(","), Path(rows_file), float(min_time),
-                             weights)
+        return compare_group(
+            impls.split(","), shapes.split(","), dtypes.split(","), Path(rows_file), float(min_time), weights
+        )
     if argv and argv[0] == "_collect":
         collector = Collector()
         pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *argv[1:]], plugins=[collector])
         print("".join(f"ID {test_id}\n" for test_id in collector.ids))
         return 0
     if argv and argv[0] == "_pytest":
-        return pytest.main(["-q", "-p", "no:cacheprovider", *argv[3:]],
-                           plugins=[TimeoutPlugin(Path(argv[1]), float(argv[2]))])
+        return pytest.main(
+            ["-q", "-p", "no:cacheprovider", *argv[3:]], plugins=[TimeoutPlugin(Path(argv[1]), float(argv[2]))]
+        )
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -492,16 +586,25 @@ def main(argv: list[str]) -> int:
     smoke_parser.add_argument("--shape", default=SMOKE_SHAPE)
     smoke_parser.add_argument("--dtype", default=SMOKE_DTYPE)
     smoke_parser.add_argument("--timeout", type=float, default=40, help="seconds per kernel, compile included")
-    smoke_parser.add_argument("--progress-kernels", nargs="*", default=PROGRESS_KERNELS,
-                              help="kernels tried again, built to report their progress, when they hang")
+    smoke_parser.add_argument(
+        "--progress-kernels",
+        nargs="*",
+        default=PROGRESS_KERNELS,
+        help="kernels tried again, built to report their progress, when they hang",
+    )
     compare_parser = commands.add_parser("compare")
     compare_parser.add_argument("--group", type=parse_group, action="append", dest="groups")
     compare_parser.add_argument("--budget", type=float, default=200)
     compare_parser.add_argument("--min-time", type=float, default=0.1)
     compare_parser.add_argument("--no-plot", action="store_true")
-    compare_parser.add_argument("--group-timeout", type=float,
-                                help=f"seconds for any group but the last (default {GROUP_SHARE:.0%} of the budget, at least 30)")
-    compare_parser.add_argument("--smoke", type=Path, help="the smoke step's smoke.json: its hung and faulting kernels are skipped")
+    compare_parser.add_argument(
+        "--group-timeout",
+        type=float,
+        help=f"seconds for any group but the last (default {GROUP_SHARE:.0%} of the budget, at least 30)",
+    )
+    compare_parser.add_argument(
+        "--smoke", type=Path, help="the smoke step's smoke.json: its hung and faulting kernels are skipped"
+    )
     tests_parser = commands.add_parser("tests")
     tests_parser.add_argument("tests", nargs="+")
     tests_parser.add_argument("--first", nargs="*", default=[])
@@ -514,8 +617,15 @@ def main(argv: list[str]) -> int:
     if args.command == "smoke":
         return smoke(args.out, args.kernels, args.shape, args.dtype, args.timeout, args.progress_kernels)
     if args.command == "compare":
-        return compare(args.out, args.groups or default_groups(), args.budget, args.min_time, not args.no_plot, args.smoke,
-                       args.group_timeout)
+        return compare(
+            args.out,
+            args.groups or default_groups(),
+            args.budget,
+            args.min_time,
+            not args.no_plot,
+            args.smoke,
+            args.group_timeout,
+        )
     return run_tests(args.out, args.tests, args.first, args.budget, args.test_timeout)
 
 

@@ -1,4 +1,5 @@
 """Shared test settings: benchmark shape options, and benchmarks run once outside --benchmark-only."""
+
 from __future__ import annotations
 
 import os
@@ -14,25 +15,30 @@ DEFAULT_DECODE_WEIGHTS = "q4_0 q8_0 bf16 float32"
 def pytest_addoption(parser):
     group = parser.getgroup("matmul", "matmul benchmarks")
     group.addoption(
-        "--matmul-shapes", default=None,
+        "--matmul-shapes",
+        default=None,
         help="benchmark shapes, N or MxNxK separated by spaces or commas "
         f"(env MATMUL_BENCH_SHAPES; default '{DEFAULT_BENCH_SHAPES}'; pure Python only runs the small ones)",
     )
     group.addoption(
-        "--matmul-impls", default=None,
+        "--matmul-impls",
+        default=None,
         help="your own implementations to benchmark beside ours, FILE:FUNCTION separated by spaces "
         "(env MATMUL_BENCH_IMPLS; e.g. 'mine.py:matmul mine.c:my_matmul', see harness/external.py)",
     )
     group.addoption(
-        "--matmul-dtypes", default=None,
+        "--matmul-dtypes",
+        default=None,
         help=f"benchmark dtypes (env MATMUL_BENCH_DTYPES; default '{DEFAULT_BENCH_DTYPES}')",
     )
     group.addoption(
-        "--matmul-decode-shapes", default=None,
+        "--matmul-decode-shapes",
+        default=None,
         help=f"decode benchmark shapes MxNxK, W [N, K] (env MATMUL_BENCH_DECODE_SHAPES; default '{DEFAULT_DECODE_SHAPES}')",
     )
     group.addoption(
-        "--matmul-weights", default=None,
+        "--matmul-weights",
+        default=None,
         help=f"decode benchmark weight formats (env MATMUL_BENCH_WEIGHTS; default '{DEFAULT_DECODE_WEIGHTS}')",
     )
 
@@ -133,9 +139,12 @@ def benchmark_summary(benchmarks) -> list[str]:
     for bench in benchmarks:
         if bench.stats is not None and bench.extra_info.get("flops"):
             groups.setdefault(bench.group, []).append(bench)
-    lines = ["", "matmul summary: the median of each benchmark, GFLOP/s = 2*M*N*K / median,",
-             "% of one core's measured FMA roof ('?' where a kernel beat it: the roof was measured low);",
-             "decode groups: GB/s of the bytes read (packed weights, X, Y), % of one core's memory roof"]
+    lines = [
+        "",
+        "matmul summary: the median of each benchmark, GFLOP/s = 2*M*N*K / median,",
+        "% of one core's measured FMA roof ('?' where a kernel beat it: the roof was measured low);",
+        "decode groups: GB/s of the bytes read (packed weights, X, Y), % of one core's memory roof",
+    ]
     for group in sorted(groups, key=_group_key):
         cases = groups[group]
         baseline = {}

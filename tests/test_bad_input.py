@@ -1,4 +1,5 @@
 """Bad input gets a clear error naming what was wrong; nothing is silently wrong or modified."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +12,16 @@ import harness
 from harness import MatmulInputError
 from harness.inputs import parse_shape
 
-CPU_GEMMS = ["python.ijk", "python.ikj", "python.outer", "c.naive_ijk", "c.naive_ikj", "c.blocked", "c.goto", "numpy.matmul"]
+CPU_GEMMS = [
+    "python.ijk",
+    "python.ikj",
+    "python.outer",
+    "c.naive_ijk",
+    "c.naive_ikj",
+    "c.blocked",
+    "c.goto",
+    "numpy.matmul",
+]
 
 
 @pytest.mark.parametrize("name", CPU_GEMMS)
@@ -52,8 +62,8 @@ def test_non_contiguous_and_fortran_inputs_are_computed_correctly(name):
     rng = np.random.default_rng(3)
     big_a = rng.standard_normal((20, 34)).astype(np.float32)
     big_b = rng.standard_normal((17, 30)).astype(np.float32)
-    a = big_a[::2, ::2]                    # strided view, 10 x 17
-    b = np.asfortranarray(big_b[:, :13])   # Fortran order, 17 x 13
+    a = big_a[::2, ::2]  # strided view, 10 x 17
+    b = np.asfortranarray(big_b[:, :13])  # Fortran order, 17 x 13
     assert not a.flags.c_contiguous and not b.flags.c_contiguous
     a_before, b_before = a.copy(), b.copy()
     result = harness.get(name)(a, b)
@@ -126,7 +136,8 @@ def test_shape_order_is_m_n_k():
 def test_malformed_shapes_on_the_command_line_exit_2_with_one_line():
     done = subprocess.run(
         [sys.executable, "-m", "harness", "compare", "--shapes", "12x", "--impls", "numpy"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -9,12 +9,14 @@ Plain `pytest` runs each case once, untimed, as a check. Pure Python only runs t
 shapes unless you choose the shapes yourself (and even then not beyond its size limit).
 CPU stand-ins for GPU code (emulated CUDA, interpreted Triton) are never timed here.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
 
 import numpy as np
 import pytest
+from conftest import bench_decode, bench_dtypes, bench_shapes
 from threadpoolctl import threadpool_limits
 
 import harness
@@ -22,18 +24,21 @@ from harness import quant
 from harness.core import MatmulInputError, check_problem
 from harness.inputs import parse_shape
 
-from conftest import bench_decode, bench_dtypes, bench_shapes
-
 PURE_PYTHON_DEFAULT_MAX_FLOPS = 2 * 128**3
 
 
 def pytest_generate_tests(metafunc):
     if "decode_case" in metafunc.fixturenames:
         shapes, formats = bench_decode(metafunc.config)
-        cases = [pytest.param((impl.name, parse_shape(shape), fmt), id=f"{impl.name}-{shape}-{fmt}")
-                 for shape in shapes for fmt in formats for impl in harness.implementations()
-                 if impl.device == "cpu" and "float32" in impl.dtypes
-                 and (fmt in impl.weights if fmt != "float32" else (not impl.weights and impl.language != "python"))]
+        cases = [
+            pytest.param((impl.name, parse_shape(shape), fmt), id=f"{impl.name}-{shape}-{fmt}")
+            for shape in shapes
+            for fmt in formats
+            for impl in harness.implementations()
+            if impl.device == "cpu"
+            and "float32" in impl.dtypes
+            and (fmt in impl.weights if fmt != "float32" else (not impl.weights and impl.language != "python"))
+        ]
         metafunc.parametrize("decode_case", cases)
     if "bench_case" not in metafunc.fixturenames:
         return
@@ -112,8 +117,14 @@ def test_decode(benchmark, decode_case):
         pytest.skip(str(error))
     benchmark.group = f"{shape} decode"
     weight_bytes = given.nbytes if fmt != "float32" else float_b.nbytes
-    benchmark.extra_info.update(implementation=name, shape=str(shape), dtype="float32", weights=fmt,
-                                flops=shape.flops, bytes=weight_bytes + (x.nbytes + shape.m * shape.n * 4))
+    benchmark.extra_info.update(
+        implementation=name,
+        shape=str(shape),
+        dtype="float32",
+        weights=fmt,
+        flops=shape.flops,
+        bytes=weight_bytes + (x.nbytes + shape.m * shape.n * 4),
+    )
     with threadpool_limits(limits=1):
         benchmark(prepared.run)
     outcome = harness.check(prepared.result(), x, float_b, activation_rounding=impl.activation_rounding)
@@ -122,7 +133,8 @@ def test_decode(benchmark, decode_case):
 
 CALL_OVERHEAD_CASES = [
     pytest.param(call, size, id=f"{call}-{size}x{size}x{size}")
-    for size in (8, 32) for call in ("numpy a @ b", "harness.get('c.packed')(a, b)")
+    for size in (8, 32)
+    for call in ("numpy a @ b", "harness.get('c.packed')(a, b)")
 ]
 
 

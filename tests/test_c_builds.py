@@ -11,6 +11,7 @@ can execute is tested in each build (test_c_packed.py parametrizes over them).
 And a build for instructions this CPU lacks must be refused with a clear error at load, never
 run into an illegal instruction.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,9 +30,27 @@ C_TESTS = ["test_c_kernels.py", "test_c_packed.py", "test_decode.py"]
 
 # Extension names as c/build_isa.c reports them; each has a predefined macro (__AVX2__, ...).
 KNOWN_EXTENSIONS = [
-    "sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi", "bmi2", "avx512f",
-    "avx512cd", "avx512vl", "avx512bw", "avx512dq", "avx512ifma", "avx512vbmi", "avx512vbmi2",
-    "avx512vnni", "avx512bf16", "avx512fp16",
+    "sse3",
+    "ssse3",
+    "sse4.1",
+    "sse4.2",
+    "popcnt",
+    "avx",
+    "avx2",
+    "fma",
+    "bmi",
+    "bmi2",
+    "avx512f",
+    "avx512cd",
+    "avx512vl",
+    "avx512bw",
+    "avx512dq",
+    "avx512ifma",
+    "avx512vbmi",
+    "avx512vbmi2",
+    "avx512vnni",
+    "avx512bf16",
+    "avx512fp16",
 ]
 
 pytestmark = [
@@ -52,8 +71,11 @@ def _python(library, code: str) -> subprocess.CompletedProcess:
 
 
 def _loaded_facts(library) -> dict:
-    done = _python(library, "import json; from harness import clib; from harness.backends import c\n"
-                            "print(json.dumps({'isa': clib.build_isa(), 'variants': c.packed_variants()}))")
+    done = _python(
+        library,
+        "import json; from harness import clib; from harness.backends import c\n"
+        "print(json.dumps({'isa': clib.build_isa(), 'variants': c.packed_variants()}))",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 
@@ -79,9 +101,22 @@ def test_c_tests_pass_in_the_build_for(level):
     root = sources.sources_root()
     env = {**os.environ, INNER_RUN: "1", "MATMUL_C_LIBRARY": str(library)}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-         *[str(root / "tests" / name) for name in C_TESTS]],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            *[str(root / "tests" / name) for name in C_TESTS],
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, f"C tests failed in the {level} build:\n{done.stdout[-6000:]}{done.stderr[-3000:]}"
     assert " passed" in done.stdout
@@ -90,7 +125,11 @@ def test_c_tests_pass_in_the_build_for(level):
 def _macros(march: str) -> set[str]:
     compiler = shutil.which("gcc") or shutil.which("cc")
     done = subprocess.run([compiler, f"-march={march}", "-dM", "-E", "-"], input="", capture_output=True, text=True)
-    return {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define")} if done.returncode == 0 else set()
+    return (
+        {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define")}
+        if done.returncode == 0
+        else set()
+    )
 
 
 def _extensions(macros: set[str]) -> set[str]:
@@ -110,10 +149,13 @@ def test_a_build_for_instructions_this_cpu_lacks_is_refused_with_a_clear_error()
     else:
         pytest.skip("this CPU has every extension of x86-64-v4 and sapphirerapids")
     library = _build(f"level-{march}", f"-DMATMUL_MARCH={march}")
-    done = _python(library, "import numpy as np, harness\n"
-                            "a = np.ones((8, 8), np.float32)\n"
-                            "try:\n    harness.get('c.blocked')(a, a)\n"
-                            "except Exception as error:\n    print(type(error).__name__, error)\n")
+    done = _python(
+        library,
+        "import numpy as np, harness\n"
+        "a = np.ones((8, 8), np.float32)\n"
+        "try:\n    harness.get('c.blocked')(a, a)\n"
+        "except Exception as error:\n    print(type(error).__name__, error)\n",
+    )
     # A crash would be a negative return code (SIGILL); the call must fail in Python instead.
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-3000:]}"
     assert "compiled for instructions this CPU lacks" in done.stdout, done.stdout

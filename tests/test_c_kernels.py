@@ -1,4 +1,5 @@
 """The C matmuls: random shapes, tile sizes, and calls from several threads at once."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,9 @@ IN_SOURCE_ORDER = ["c.naive_ijk", "c.naive_ikj", "c.blocked"]
 @settings(max_examples=60, deadline=None)
 @given(
     name=st.sampled_from(C_KERNELS),
-    m=st.integers(1, 90), n=st.integers(1, 90), k=st.integers(1, 90),
+    m=st.integers(1, 90),
+    n=st.integers(1, 90),
+    k=st.integers(1, 90),
     dtype=st.sampled_from(["float32", "float64"]),
     seed=st.integers(0, 2**16),
 )
@@ -30,8 +33,13 @@ def test_random_shapes(name, m, n, k, dtype, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(tile=st.integers(1, 80), m=st.integers(1, 70), n=st.integers(1, 150), k=st.integers(1, 70),
-       dtype=st.sampled_from(["float32", "float64"]))
+@given(
+    tile=st.integers(1, 80),
+    m=st.integers(1, 70),
+    n=st.integers(1, 150),
+    k=st.integers(1, 70),
+    dtype=st.sampled_from(["float32", "float64"]),
+)
 def test_blocked_any_tile(tile, m, n, k, dtype):
     a, b = harness.make_inputs(Shape(m, n, k), dtype)
     outcome = harness.check(harness.get("c.blocked", tile=tile)(a, b), a, b)
@@ -96,7 +104,9 @@ def test_blocked_gives_the_same_bits_for_every_tile():
 # c.goto's blocks: K past KC (256) is summed in pieces, M past MC (128) and N past NC (4096) in
 # panels; every edge of a 4 x NR register tile comes up in the sizes below.
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("shape", [Shape(129, 4100, 257), Shape(5, 17, 513), Shape(257, 33, 1), Shape(1, 1, 600)], ids=str)
+@pytest.mark.parametrize(
+    "shape", [Shape(129, 4100, 257), Shape(5, 17, 513), Shape(257, 33, 1), Shape(1, 1, 600)], ids=str
+)
 def test_goto_past_every_block(shape, dtype):
     a, b = harness.make_inputs(shape, dtype)
     outcome = harness.check(harness.get("c.goto")(a, b), a, b)

@@ -1,6 +1,7 @@
 """c.packed (c/packed.c): every size 1..64 in each dimension through each path, ragged shapes
 past every cache block, every micro-kernel variant this CPU has, the same bits for every
 thread count, and calls from several Python threads at once."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor

@@ -6,6 +6,7 @@ The library is built into build/sanitize with -DMATMUL_SANITIZE=ON; the C tests 
 subprocess whose harness loads it (MATMUL_C_LIBRARY), with the sanitizer runtimes preloaded
 (Python itself is not built with them, and ASan must be first in the process).
 """
+
 from __future__ import annotations
 
 import os
@@ -56,7 +57,11 @@ def test_c_tests_under_address_and_undefined_behaviour_sanitizers():
     }
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-s", "-p", "no:cacheprovider", "-p", "no:randomly", *tests],
-        cwd=root, env=env, capture_output=True, text=True, timeout=900,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     # -s: a sanitizer report is written to stderr as the process dies; pytest must not
     # be capturing it then.

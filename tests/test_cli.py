@@ -1,4 +1,5 @@
 """The command line and the compare API: tables, JSON, CSV and plots."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,24 @@ def test_list_markdown_matches_the_function():
 def test_compare_writes_table_json_csv_and_plot(tmp_path):
     out = tmp_path / "out"
     done = run_cli(
-        "compare", "--shapes", "32", "16x24x8", "--impls", "c.*", "python.ikj", "--dtype", "float32", "float64",
-        "--min-time", "0.01", "--json", str(out / "r.json"), "--csv", str(out / "r.csv"), "--plot", str(out / "r.png"),
+        "compare",
+        "--shapes",
+        "32",
+        "16x24x8",
+        "--impls",
+        "c.*",
+        "python.ikj",
+        "--dtype",
+        "float32",
+        "float64",
+        "--min-time",
+        "0.01",
+        "--json",
+        str(out / "r.json"),
+        "--csv",
+        str(out / "r.csv"),
+        "--plot",
+        str(out / "r.png"),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "GFLOP/s" in done.stdout and "c.blocked" in done.stdout and "numpy.matmul" in done.stdout

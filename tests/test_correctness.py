@@ -1,4 +1,5 @@
 """Every implementation in the registry against the float64 reference, on the shapes that find bugs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,14 +12,14 @@ from harness.inputs import Shape
 
 EDGE_SIZES = [1, 2, 7, 15, 16, 17, 33, 63, 64, 65, 127, 128, 129]
 NON_SQUARE = [
-    Shape(1, 64, 33),     # M = 1: the GEMV shape
+    Shape(1, 64, 33),  # M = 1: the GEMV shape
     Shape(1, 130, 70),
-    Shape(33, 65, 1),     # K = 1: one outer product
-    Shape(17, 1, 63),     # N = 1
+    Shape(33, 65, 1),  # K = 1: one outer product
+    Shape(17, 1, 63),  # N = 1
     Shape(7, 129, 16),
     Shape(65, 15, 127),
     Shape(100, 130, 70),
-    Shape(16, 48, 32),    # multiples of 16, non-square (tensor-core kernels)
+    Shape(16, 48, 32),  # multiples of 16, non-square (tensor-core kernels)
 ]
 EDGE_SHAPES = [Shape(s, s, s) for s in EDGE_SIZES] + NON_SQUARE
 # CPU stand-ins for GPU code (the CUDA emulator, the Triton interpreter) are slow: they get

@@ -6,6 +6,7 @@ registers per thread, shared memory per block, stack frame and spills per kernel
 ``python -m harness cuda-info`` prints. Results are cached under build/cuda-ptxas/ on the
 source text, so an edited kernel is recompiled.
 """
+
 from __future__ import annotations
 
 import re
@@ -13,8 +14,8 @@ import re
 import pytest
 
 import harness
-from harness.backends.cuda import emulation, plans, resources, toolkit
 from harness import sources
+from harness.backends.cuda import emulation, plans, resources, toolkit
 from harness.sources import source_path
 
 pytestmark = pytest.mark.skipif(toolkit.nvcc() is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda)")
@@ -28,7 +29,9 @@ def test_compiles_without_spills(source, arch):
     expected = emulation.kernel_names(source_path(source).read_text())
     assert sorted(k.kernel for k in kernels) == sorted(expected), log
     for k in kernels:
-        assert not k.spills, f"{k.kernel} spills registers on {arch}: {k.spill_stores} B stored, {k.spill_loads} B loaded\n{log}"
+        assert not k.spills, (
+            f"{k.kernel} spills registers on {arch}: {k.spill_stores} B stored, {k.spill_loads} B loaded\n{log}"
+        )
         assert 0 < k.registers <= 255, log
         assert k.shared_bytes <= STATIC_SHARED_LIMIT, log
 
@@ -66,8 +69,11 @@ def test_every_planned_kernel_exists():
         for dtype in impl.dtypes:
             m = 1 if impl.operation == "gemv" else 64
             # a decode kernel: one technique per weight format and tile of rows of X
-            techniques = ([plans.decode_technique(fmt, m) for fmt in impl.weights for m in (1, 3, 16, 17)]
-                          if impl.weights else [impl.backend.technique])
+            techniques = (
+                [plans.decode_technique(fmt, m) for fmt in impl.weights for m in (1, 3, 16, 17)]
+                if impl.weights
+                else [impl.backend.technique]
+            )
             for technique in techniques:
                 launch = plans.plan(technique, dtype, m, 64, 64)
                 assert launch.kernel in names, f"{impl.name} plans {launch.kernel}, not in {impl.source}"
@@ -117,7 +123,8 @@ def test_static_shared_memory_is_what_each_header_states(source, arch):
         stated = plans.static_shared_bytes(technique)
         assert stated is not None, f"{source}: add `static_shared <bytes>` to `@launch {technique}`"
         assert k.shared_bytes == stated, (
-            f"{k.kernel} on {arch} uses {k.shared_bytes} B of static shared memory, its header says {stated}\n{log}")
+            f"{k.kernel} on {arch} uses {k.shared_bytes} B of static shared memory, its header says {stated}\n{log}"
+        )
 
 
 def _sass_or_skip(source: str, arch: str) -> dict:
@@ -133,13 +140,15 @@ def test_mma_keeps_one_tile_in_flight_while_it_computes(kernel):
     """cp.async.wait_group STAGES - 2 = 1 in the loop: SASS DEPBAR.LE SB0, 0x1. Draining the ring
     (wait_group 0) computes the same and loses the overlap the 3 stages are for."""
     instructions = _sass_or_skip("cuda/mma.cu", "sm_90")[kernel]
-    assert any(re.search(r"\bDEPBAR\.LE\s+SB0,\s*0x1\b", i) for i in instructions), \
-        [i for i in instructions if "DEPBAR" in i]
+    assert any(re.search(r"\bDEPBAR\.LE\s+SB0,\s*0x1\b", i) for i in instructions), [
+        i for i in instructions if "DEPBAR" in i
+    ]
 
 
 @pytest.mark.parametrize("kernel", ["wgmma_bf16", "wgmma_f16"])
 def test_wgmma_keeps_one_group_in_flight_while_it_issues_the_next(kernel):
     """wgmma.wait_group 1 in the K loop: SASS WARPGROUP.DEPBAR.LE gsb0, 0x1."""
     instructions = _sass_or_skip("cuda/wgmma.cu", "sm_90a")[kernel]
-    assert any(re.search(r"\bWARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x1\b", i) for i in instructions), \
-        [i for i in instructions if "DEPBAR" in i]
+    assert any(re.search(r"\bWARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x1\b", i) for i in instructions), [
+        i for i in instructions if "DEPBAR" in i
+    ]

@@ -1,6 +1,7 @@
 """The CUDA kernels on the CPU emulation (cuda/emu/): the same .cu files and launch geometry as
 on the GPU, compiled with g++, checked against the float64 reference on the shapes that find bugs.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,23 +12,26 @@ from harness.backends.cuda import emulation, loaders, plans
 from harness.inputs import Shape
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None,
-                                reason=str(emulation.emulation_unavailable_reason()))
+pytestmark = pytest.mark.skipif(
+    emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
+)
 
 EDGE = [1, 2, 7, 15, 16, 17, 33, 63, 64, 65, 127, 128, 129]
 GEMM_SHAPES = [Shape(s, s, s) for s in EDGE] + [
-    Shape(1, 64, 33),     # M = 1
-    Shape(33, 65, 1),     # K = 1
-    Shape(17, 1, 63),     # N = 1
+    Shape(1, 64, 33),  # M = 1
+    Shape(33, 65, 1),  # K = 1
+    Shape(17, 1, 63),  # N = 1
     Shape(7, 129, 16),
     Shape(65, 15, 127),
     Shape(100, 130, 70),
-    Shape(16, 48, 32),    # multiples of 16, non-square
+    Shape(16, 48, 32),  # multiples of 16, non-square
     Shape(130, 136, 72),  # K and N multiples of 8: the 16-byte load paths, with partial tiles
-    Shape(257, 24, 40),   # more than two tile rows: the grouped block ordering
+    Shape(257, 24, 40),  # more than two tile rows: the grouped block ordering
 ]
-GEMV_SHAPES = [Shape(1, n, k) for n, k in [(1, 1), (7, 15), (64, 64), (130, 70), (33, 257), (17, 1), (129, 128),
-                                           (300, 264), (65, 8), (9, 1040)]]
+GEMV_SHAPES = [
+    Shape(1, n, k)
+    for n, k in [(1, 1), (7, 15), (64, 64), (130, 70), (33, 257), (17, 1), (129, 128), (300, 264), (65, 8), (9, 1040)]
+]
 
 
 @pytest.fixture
@@ -112,7 +116,11 @@ def test_missing_barrier_gives_wrong_results():
     source = (source_path("cuda/tiled.cu")).read_text()
     parts = source.split("__syncthreads();")
     assert len(parts) == 3, "tiled.cu should have exactly two barriers"
-    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/tiled.cu", source_text=parts[0] + "__syncthreads();" + parts[1] + parts[2], tag="nosync2"))
+    library = emulation.EmulatedLibrary(
+        emulation.build_emulation(
+            "cuda/tiled.cu", source_text=parts[0] + "__syncthreads();" + parts[1] + parts[2], tag="nosync2"
+        )
+    )
     shape = Shape(32, 32, 48)
     a, b = harness.make_inputs(shape, "float32", seed=5)
     c = np.zeros((32, 32), dtype=np.float32)
@@ -121,14 +129,14 @@ def test_missing_barrier_gives_wrong_results():
 
 
 def test_divergent_barriers_are_an_error_not_a_hang():
-    source = r'''
+    source = r"""
 extern "C" __global__ void divergent(float* x, int n)
 {
     if (threadIdx.x < 16) __syncwarp();   // half of warp 0 waits for its whole warp ...
     else __syncthreads();                 // ... the rest for the whole block: neither can complete
     if (threadIdx.x < n) x[threadIdx.x] = 1.f;
 }
-'''
+"""
     library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/tiled.cu", source_text=source, tag="divergent"))
     x = np.zeros(64, dtype=np.float32)
     launch = plans.Launch("divergent", (1, 1, 1), (64, 1, 1), ("A", 64), "Pi")
@@ -154,15 +162,26 @@ def _without(relative: str, what: str) -> str:
     return text.replace(what, "")
 
 
-@pytest.mark.parametrize("barrier", ["__syncwarp();  // the tile is in place before the lanes read it",
-                                     "__syncwarp();  // every lane has read the tile before the next store overwrites it"],
-                         ids=["before-reading", "before-overwriting"])
+@pytest.mark.parametrize(
+    "barrier",
+    [
+        "__syncwarp();  // the tile is in place before the lanes read it",
+        "__syncwarp();  // every lane has read the tile before the next store overwrites it",
+    ],
+    ids=["before-reading", "before-overwriting"],
+)
 def test_wmma_epilogue_without_its_syncwarp_is_wrong(barrier):
     """store_matrix_sync writes each lane's share and synchronizes nothing, as on the GPU."""
     text = source_path("cuda/wmma.cu").read_text()
     assert _emulated_variant("cuda/wmma.cu", "wmma", "bfloat16", Shape(40, 48, 32), text, "")
-    assert not _emulated_variant("cuda/wmma.cu", "wmma", "bfloat16", Shape(40, 48, 32), _without("cuda/wmma.cu", barrier),
-                                 "no-syncwarp-" + barrier[16:24].strip().replace(" ", "-"))
+    assert not _emulated_variant(
+        "cuda/wmma.cu",
+        "wmma",
+        "bfloat16",
+        Shape(40, 48, 32),
+        _without("cuda/wmma.cu", barrier),
+        "no-syncwarp-" + barrier[16:24].strip().replace(" ", "-"),
+    )
 
 
 def test_shuffle_mask_that_leaves_lanes_out_is_an_error():
@@ -170,5 +189,11 @@ def test_shuffle_mask_that_leaves_lanes_out_is_an_error():
     text = source_path("cuda/gemv.cu").read_text()
     assert full in text
     with pytest.raises(RuntimeError, match="lane 16 calls it with mask 0x0000ffff"):
-        _emulated_variant("cuda/gemv.cu", "gemv", "bfloat16", Shape(1, 9, 64),
-                          text.replace(full, full.replace("0xffffffffu", "0x0000ffffu")), "half-mask")
+        _emulated_variant(
+            "cuda/gemv.cu",
+            "gemv",
+            "bfloat16",
+            Shape(1, 9, 64),
+            text.replace(full, full.replace("0xffffffffu", "0x0000ffffu")),
+            "half-mask",
+        )

@@ -5,6 +5,7 @@ scripts/gpu_check.sh sets, a skip here is a failure). Outputs are pre-filled wit
 element a kernel never writes fails the check. The speed targets are not tested here: they are
 judged from the GPU comparison's JSON (``python -m harness verdicts``, harness/verdicts.py).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -17,10 +18,18 @@ _reason = loaders.native_unavailable_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_reason is not None, reason=str(_reason))]
 
 EDGE = [1, 2, 7, 16, 17, 33, 64, 65, 127, 128, 129, 255, 256, 257]
-GEMM_SHAPES = [Shape(s, s, s) for s in EDGE] + [Shape(1, 64, 33), Shape(33, 65, 1), Shape(17, 1, 63),
-                                                 Shape(100, 130, 70), Shape(130, 136, 72), Shape(1000, 520, 264),
-                                                 Shape(513, 1031, 777)]
-GEMV_SHAPES = [Shape(1, n, k) for n, k in [(1, 1), (7, 15), (130, 70), (33, 257), (4096, 4096), (1000, 4104), (5, 16392)]]
+GEMM_SHAPES = [Shape(s, s, s) for s in EDGE] + [
+    Shape(1, 64, 33),
+    Shape(33, 65, 1),
+    Shape(17, 1, 63),
+    Shape(100, 130, 70),
+    Shape(130, 136, 72),
+    Shape(1000, 520, 264),
+    Shape(513, 1031, 777),
+]
+GEMV_SHAPES = [
+    Shape(1, n, k) for n, k in [(1, 1), (7, 15), (130, 70), (33, 257), (4096, 4096), (1000, 4104), (5, 16392)]
+]
 INSTALLED_LOADERS = [name for name in loaders.LOADERS if loaders.loader_unavailable_reason(name) is None]
 
 
@@ -61,7 +70,6 @@ def test_native_matches_reference(name, shape, dtype, loader):
     assert outcome.passed, f"{name} at {shape} {dtype} ({loader}): {outcome.message}"
 
 
-
 DECODE_SHAPES = [Shape(m, n, k) for m in (1, 4, 5, 16, 17) for n, k in [(1, 32), (7, 96), (33, 4128), (4096, 4096)]]
 
 
@@ -81,6 +89,7 @@ def test_native_decode_matches_reference(fmt, loader):
         prepared.run()
         outcome = harness.check(prepared.result(), x, w.dequantize().T)
         assert outcome.passed, f"cuda.decode {fmt} at {shape} ({loader}): {outcome.message}"
+
 
 def test_loader_shares_torch_context(loader):
     """The kernels run in PyTorch's primary context: a kernel writes straight into a torch tensor."""

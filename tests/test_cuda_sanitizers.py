@@ -15,6 +15,7 @@ refill that comes before the readers released the stage is a race. Every kernel 
 an AddressSanitizer run at ragged shapes. A deadlock in the threaded build is reported by its
 watchdog, with what every thread waits on, instead of hanging.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,9 @@ import pytest
 from harness.backends.cuda import emulation, plans
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None,
-                                reason=str(emulation.emulation_unavailable_reason()))
+pytestmark = pytest.mark.skipif(
+    emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
+)
 
 SHAPE = (32, 32, 40)  # 2 x 2 blocks of 256 threads, 3 phases along K (the last one partial)
 DRIVER = '#include "selfcheck.h"\n'
@@ -38,8 +40,9 @@ def _tiled_source() -> str:
 
 def _program(relative: str, sanitize: str | None, text: str, driver: str, tag: str, variant: str = "threads"):
     try:
-        return emulation.build_emulation(relative, variant=variant, sanitize=sanitize, source_text=text, main=driver,
-                                    executable=True, tag=tag)
+        return emulation.build_emulation(
+            relative, variant=variant, sanitize=sanitize, source_text=text, main=driver, executable=True, tag=tag
+        )
     except RuntimeError as error:
         if re.search(r"cannot find -l(t|a)san|libtsan|libasan", str(error)):
             pytest.skip(f"the compiler has no {sanitize} sanitizer runtime: {str(error).splitlines()[-1]}")
@@ -48,8 +51,11 @@ def _program(relative: str, sanitize: str | None, text: str, driver: str, tag: s
 
 def _execute(command: list[str], landing: str = "wait", timeout: int = 300, watchdog: float | None = None):
     # halt_on_error=0 / exitcode: let TSan report and still finish, so the output is complete.
-    env = {"TSAN_OPTIONS": "halt_on_error=0 exitcode=66 report_signal_unsafe=0", "ASAN_OPTIONS": "detect_leaks=0",
-           "MATMUL_EMU_ASYNC": landing}
+    env = {
+        "TSAN_OPTIONS": "halt_on_error=0 exitcode=66 report_signal_unsafe=0",
+        "ASAN_OPTIONS": "detect_leaks=0",
+        "MATMUL_EMU_ASYNC": landing,
+    }
     if watchdog is not None:
         env["MATMUL_EMU_WATCHDOG_S"] = str(watchdog)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
@@ -112,12 +118,12 @@ def test_removed_edge_check_is_an_out_of_bounds_read():
 ASAN_CASES = [
     ("naive", "float32", (33, 17, 20)),
     ("register_tiled_2x2", "float32", (33, 37, 41)),
-    ("register_tiled", "float32", (130, 36, 37)),   # K % 4 != 0: A element by element, B and C as float4
-    ("register_tiled", "float32", (33, 37, 44)),    # N % 4 != 0: B and C element by element, A as float4
-    ("wmma", "bfloat16", (40, 24, 40)),             # 16-byte paths, partial tiles in M and N
-    ("wmma", "float16", (33, 30, 21)),              # element by element
-    ("gemv", "bfloat16", (1, 33, 264)),             # 16-byte loads
-    ("gemv", "float32", (1, 9, 37)),                # element by element
+    ("register_tiled", "float32", (130, 36, 37)),  # K % 4 != 0: A element by element, B and C as float4
+    ("register_tiled", "float32", (33, 37, 44)),  # N % 4 != 0: B and C element by element, A as float4
+    ("wmma", "bfloat16", (40, 24, 40)),  # 16-byte paths, partial tiles in M and N
+    ("wmma", "float16", (33, 30, 21)),  # element by element
+    ("gemv", "bfloat16", (1, 33, 264)),  # 16-byte loads
+    ("gemv", "float32", (1, 9, 37)),  # element by element
 ]
 _SUFFIX = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
@@ -134,18 +140,30 @@ def _asan_command(technique: str, dtype: str, shape, text: str | None = None, ta
         program = _program(relative, "address", source, DRIVER, tag)
         return [str(program), launch.kernel, *map(str, shape), *map(str, launch.grid), *map(str, launch.block)]
     program = _program(relative, "address", source, '#include "selfcheck_half.h"\n', tag)
-    return [str(program), launch.kernel, _SUFFIX[dtype], *map(str, shape), *map(str, launch.grid), *map(str, launch.block)]
+    return [
+        str(program),
+        launch.kernel,
+        _SUFFIX[dtype],
+        *map(str, shape),
+        *map(str, launch.grid),
+        *map(str, launch.block),
+    ]
 
 
-@pytest.mark.parametrize("technique, dtype, shape", ASAN_CASES, ids=[f"{t}-{d}-{'x'.join(map(str, s))}" for t, d, s in ASAN_CASES])
+@pytest.mark.parametrize(
+    "technique, dtype, shape", ASAN_CASES, ids=[f"{t}-{d}-{'x'.join(map(str, s))}" for t, d, s in ASAN_CASES]
+)
 def test_every_kernel_is_clean_under_address_sanitizer(technique, dtype, shape):
     _clean(_execute(_asan_command(technique, dtype, shape)), "AddressSanitizer")
 
 
 def test_wmma_a_edge_guard_off_by_one_is_an_out_of_bounds_read():
     """Row M of A is staged too: the results are right (that row feeds no output), the read is not."""
-    text = _mutated(source_path("cuda/wmma.cu").read_text(), "const int valid = row0 + r < M ? K - k : 0;",
-                    "const int valid = row0 + r <= M ? K - k : 0;")
+    text = _mutated(
+        source_path("cuda/wmma.cu").read_text(),
+        "const int valid = row0 + r < M ? K - k : 0;",
+        "const int valid = row0 + r <= M ? K - k : 0;",
+    )
     done = _execute(_asan_command("wmma", "bfloat16", (40, 24, 40), text, "a-guard"))
     assert "ERROR: AddressSanitizer: heap-buffer-overflow" in done.stderr, done.stdout + done.stderr[-4000:]
 
@@ -164,12 +182,15 @@ def _mma_source() -> str:
     return source_path("cuda/mma.cu").read_text()
 
 
-def _run_mma(sanitize: str | None, text: str, tag: str, variant: str = "threads",
-             landing: str = "wait") -> subprocess.CompletedProcess:
+def _run_mma(
+    sanitize: str | None, text: str, tag: str, variant: str = "threads", landing: str = "wait"
+) -> subprocess.CompletedProcess:
     program = _program("cuda/mma.cu", sanitize, text, MMA_DRIVER, tag, variant)
     launch = plans.plan("mma", "bfloat16", *MMA_SHAPE)
-    return _execute([str(program), launch.kernel, "bf16", *map(str, MMA_SHAPE), *map(str, launch.grid),
-                     *map(str, launch.block)], landing)
+    return _execute(
+        [str(program), launch.kernel, "bf16", *map(str, MMA_SHAPE), *map(str, launch.grid), *map(str, launch.block)],
+        landing,
+    )
 
 
 def _mma_without(text: str, what: str) -> str:
@@ -231,14 +252,28 @@ def _wgmma_source() -> str:
     return source_path("cuda/wgmma.cu").read_text()
 
 
-def _run_wgmma(sanitize: str | None, text: str, tag: str, variant: str = "threads", timeout: int = 300,
-               landing: str = "wait", watchdog: float | None = None) -> subprocess.CompletedProcess:
+def _run_wgmma(
+    sanitize: str | None,
+    text: str,
+    tag: str,
+    variant: str = "threads",
+    timeout: int = 300,
+    landing: str = "wait",
+    watchdog: float | None = None,
+) -> subprocess.CompletedProcess:
     program = _program("cuda/wgmma.cu", sanitize, text, WGMMA_DRIVER, tag, variant)
     launch = plans.plan("wgmma", "bfloat16", *WGMMA_SHAPE)
     assert launch.grid[0] == 3 and (plans.cdiv(WGMMA_SHAPE[0], 128) * plans.cdiv(WGMMA_SHAPE[1], 256)) % 3 != 0
     a_map, b_map = launch.args[:2]
-    command = [str(program), launch.kernel, "bf16", *map(str, WGMMA_SHAPE), str(launch.grid[0]), str(launch.block[0]),
-               *map(str, (a_map.box_rows, a_map.box_cols, b_map.box_rows, b_map.box_cols))]
+    command = [
+        str(program),
+        launch.kernel,
+        "bf16",
+        *map(str, WGMMA_SHAPE),
+        str(launch.grid[0]),
+        str(launch.block[0]),
+        *map(str, (a_map.box_rows, a_map.box_cols, b_map.box_rows, b_map.box_cols)),
+    ]
     return _execute(command, landing, timeout, watchdog)
 
 

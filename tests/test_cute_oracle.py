@@ -15,6 +15,7 @@ compares, for every k-step of a stage:
 The kernel's descriptor expressions are read from cuda/wgmma.cu, so an edit of them (a wrong
 LBO or SBO) is judged here too.
 """
+
 from __future__ import annotations
 
 import re
@@ -26,8 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.backends.cuda import emulation, plans
-from harness.backends.cuda import toolkit
+from harness.backends.cuda import emulation, plans, toolkit
 from harness.sources import source_path
 
 
@@ -44,7 +44,11 @@ def _unavailable() -> str | None:
     if _cute_include() is None:
         return "CuTe's headers are missing (pip install nvidia-cutlass)"
     root = toolkit.cuda_root()
-    if not root or not (Path(root) / "include" / "cccl").is_dir() and not (Path(root) / "include" / "cuda" / "std").is_dir():
+    if (
+        not root
+        or not (Path(root) / "include" / "cccl").is_dir()
+        and not (Path(root) / "include" / "cuda" / "std").is_dir()
+    ):
         return "CuTe needs the CUDA toolkit's headers (cuda_runtime_api.h, libcu++) and none were found"
     if not shutil.which("g++"):
         return "g++ is not on PATH"
@@ -53,11 +57,11 @@ def _unavailable() -> str | None:
 
 pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable()))
 
-KSTEPS = 4          # BLOCK_K 64 / the 16 k of one wgmma
-CONSUMERS = 2       # warp groups, 64 rows of A each
+KSTEPS = 4  # BLOCK_K 64 / the 16 k of one wgmma
+CONSUMERS = 2  # warp groups, 64 rows of A each
 A_ROWS, B_COLS = 64, 256
 
-ORACLE = r'''
+ORACLE = r"""
 #include <cstdio>
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -121,11 +125,11 @@ int main() {
         }
     }
 }
-'''
+"""
 
 # The emulated probe: the kernel's own descriptor expressions (read from cuda/wgmma.cu), for stage
 # 0 and each consumer and k-step, and the address the emulation's wgmma reads each element from.
-PROBE = r'''
+PROBE = r"""
 #include <cuda_bf16.h>
 #include "ptx.h"
 %(defines)s
@@ -151,7 +155,7 @@ extern "C" __global__ void descriptor_probe(long long* out)
         }
     }
 }
-'''
+"""
 
 # CuTe's layout_type for the 128-byte swizzle (cute::SM90::GMMA::LayoutType::B128) and the
 # descriptor's swizzle mode for it (PTX ISA: 1 = 128B).
@@ -164,9 +168,14 @@ def cute_tables() -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "oracle.cpp").write_text(ORACLE)
     root = Path(toolkit.cuda_root()) / "include"
-    includes = ["-I", str(_cute_include()), "-I", str(root)] + (["-I", str(root / "cccl")] if (root / "cccl").is_dir() else [])
-    build = subprocess.run(["g++", "-std=c++17", "-O1", *includes, str(folder / "oracle.cpp"), "-o", str(folder / "oracle")],
-                           capture_output=True, text=True)
+    includes = ["-I", str(_cute_include()), "-I", str(root)] + (
+        ["-I", str(root / "cccl")] if (root / "cccl").is_dir() else []
+    )
+    build = subprocess.run(
+        ["g++", "-std=c++17", "-O1", *includes, str(folder / "oracle.cpp"), "-o", str(folder / "oracle")],
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, build.stderr[-4000:]
     run = subprocess.run([str(folder / "oracle")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -198,8 +207,9 @@ def _kernel_expressions() -> dict[str, str]:
 
 @lru_cache(maxsize=None)
 def emulated_tables() -> dict:
-    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/wgmma.cu", source_text=PROBE % _kernel_expressions(),
-                                                        tag="cute-oracle"))
+    library = emulation.EmulatedLibrary(
+        emulation.build_emulation("cuda/wgmma.cu", source_text=PROBE % _kernel_expressions(), tag="cute-oracle")
+    )
     per_step = 4 + A_ROWS * 16 + 4 + B_COLS * 16
     out = np.zeros(CONSUMERS * KSTEPS * per_step, dtype=np.int64)
     shared = 1024 + 64 * 1024  # a stage and its alignment; the probe reads no memory
@@ -207,7 +217,7 @@ def emulated_tables() -> dict:
     tables = {}
     for index, chunk in enumerate(out.reshape(CONSUMERS * KSTEPS, per_step)):
         consumer, kk = divmod(index, KSTEPS)
-        a, b = chunk[:4 + A_ROWS * 16], chunk[4 + A_ROWS * 16:]
+        a, b = chunk[: 4 + A_ROWS * 16], chunk[4 + A_ROWS * 16 :]
         tables[("A", consumer, kk)] = (list(a[:4]), list(a[4:]))
         tables[("B", consumer, kk)] = (list(b[:4]), list(b[4:]))
     return tables
@@ -220,7 +230,9 @@ def test_a_descriptor_and_addresses_match_cute(consumer, kk):
     (ours_lbo, ours_sbo, mode, ours_start), addresses = emulated_tables()[("A", consumer, kk)]
     assert layout == CUTE_B128 and mode == DESCRIPTOR_128B, (layout, mode)
     # K-major with a swizzle: CuTe sets LBO to 1 (16 bytes, unused); SBO is the 8-row pattern's stride.
-    assert (ours_lbo, ours_sbo, ours_start) == (lbo, sbo, start), f"ours {(ours_lbo, ours_sbo, ours_start)}, CuTe {(lbo, sbo, start)}"
+    assert (ours_lbo, ours_sbo, ours_start) == (lbo, sbo, start), (
+        f"ours {(ours_lbo, ours_sbo, ours_start)}, CuTe {(lbo, sbo, start)}"
+    )
     expected = cute_tables()[("elem", "A", consumer, kk)]
     wrong = [(i // 16, i % 16, e, o) for i, (e, o) in enumerate(zip(expected, addresses)) if e != o]
     assert not wrong, f"A element (row, k): CuTe offset vs the emulation's, first of {len(wrong)}: {wrong[:5]}"
@@ -233,7 +245,9 @@ def test_b_descriptor_and_addresses_match_cute(kk):
         (ours_lbo, ours_sbo, mode, ours_start), addresses = emulated_tables()[("B", consumer, kk)]
         assert layout == CUTE_B128 and mode == DESCRIPTOR_128B, (layout, mode)
         # MN-major: LBO is the stride between 64-column boxes, SBO between groups of 8 k rows.
-        assert (ours_lbo, ours_sbo, ours_start) == (lbo, sbo, start), f"ours {(ours_lbo, ours_sbo, ours_start)}, CuTe {(lbo, sbo, start)}"
+        assert (ours_lbo, ours_sbo, ours_start) == (lbo, sbo, start), (
+            f"ours {(ours_lbo, ours_sbo, ours_start)}, CuTe {(lbo, sbo, start)}"
+        )
         expected = cute_tables()[("elem", "B", 0, kk)]
         wrong = [(i // 16, i % 16, e, o) for i, (e, o) in enumerate(zip(expected, addresses)) if e != o]
         assert not wrong, f"B element (n, k): CuTe offset vs the emulation's, first of {len(wrong)}: {wrong[:5]}"
@@ -245,11 +259,15 @@ def test_cute_sees_a_wrong_stride_byte_offset():
     expressions = _kernel_expressions()
     wrong = {**expressions, "b_desc": expressions["b_desc"].replace(", 1024,", ", 2048,")}
     assert wrong["b_desc"] != expressions["b_desc"]
-    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/wgmma.cu", source_text=PROBE % wrong, tag="cute-oracle-wrong"))
+    library = emulation.EmulatedLibrary(
+        emulation.build_emulation("cuda/wgmma.cu", source_text=PROBE % wrong, tag="cute-oracle-wrong")
+    )
     per_step = 4 + A_ROWS * 16 + 4 + B_COLS * 16
     out = np.zeros(CONSUMERS * KSTEPS * per_step, dtype=np.int64)
-    library.launch(plans.Launch("descriptor_probe", (1, 1, 1), (1, 1, 1), ("A",), "P", 1024 + 64 * 1024), {"A": out.ctypes.data})
-    b = out[:per_step][4 + A_ROWS * 16:]
+    library.launch(
+        plans.Launch("descriptor_probe", (1, 1, 1), (1, 1, 1), ("A",), "P", 1024 + 64 * 1024), {"A": out.ctypes.data}
+    )
+    b = out[:per_step][4 + A_ROWS * 16 :]
     assert b[1] == 2048 and b[1] != cute_tables()[("desc", "B", 0, 0)][1]
     assert list(b[4:]) != cute_tables()[("elem", "B", 0, 0)]
 

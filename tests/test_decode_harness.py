@@ -1,6 +1,7 @@
 """The harness's side of decode: problems whose weights are quantized once, outside the timed
 region, checked against the float64 product of the weights the format holds, and reported in
 bytes actually read against the memory roof of the threads used."""
+
 from __future__ import annotations
 
 import json
@@ -54,9 +55,17 @@ def decode_kernels(monkeypatch):
 
     monkeypatch.setattr(sys.modules["harness.compare"], "REGISTRY", registry.REGISTRY)
     for name, wrong in (("mine.decode", False), ("mine.wrong_decode", True)):
-        harness.register(harness.Implementation(
-            name=name, language="python", device="cpu", dtypes=("float32",), weights=("q4_0", "q8_0"),
-            summary="a test's decode kernel", backend=_DequantizingBackend(wrong)))
+        harness.register(
+            harness.Implementation(
+                name=name,
+                language="python",
+                device="cpu",
+                dtypes=("float32",),
+                weights=("q4_0", "q8_0"),
+                summary="a test's decode kernel",
+                backend=_DequantizingBackend(wrong),
+            )
+        )
     return registry.REGISTRY
 
 
@@ -74,8 +83,7 @@ def test_a_decode_problem_is_checked_against_the_weights_the_format_holds(decode
 
 
 def test_decode_rows_count_the_bytes_actually_read(decode_kernels):
-    results = harness.compare(["2x64x128"], ["mine.decode"], weights=["q4_0", "q8_0"], min_time=0.01,
-                              baselines=False)
+    results = harness.compare(["2x64x128"], ["mine.decode"], weights=["q4_0", "q8_0"], min_time=0.01, baselines=False)
     for fmt, bytes_per_block in (("q4_0", 18), ("q8_0", 34)):
         row = results.row("mine.decode", "2x64x128", weights=fmt)
         weights = 64 * 128 // 32 * bytes_per_block
@@ -124,8 +132,25 @@ def test_unknown_weight_formats_are_refused(decode_kernels):
 def test_the_command_line_compares_formats_and_writes_them(decode_kernels, tmp_path, capsys):
     out = tmp_path / "decode.json"
     csv_path = tmp_path / "decode.csv"
-    code = main(["compare", "--shapes", "1x64x128", "--impls", "mine.decode", "--weights", "q4_0", "q8_0",
-                 "--min-time", "0.01", "--json", str(out), "--csv", str(csv_path), "--no-progress"])
+    code = main(
+        [
+            "compare",
+            "--shapes",
+            "1x64x128",
+            "--impls",
+            "mine.decode",
+            "--weights",
+            "q4_0",
+            "q8_0",
+            "--min-time",
+            "0.01",
+            "--json",
+            str(out),
+            "--csv",
+            str(csv_path),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "q4_0" in printed and "q8_0" in printed and "GB/s" in printed

@@ -1,5 +1,6 @@
 """Each experiment runs end to end at a small size, writes its JSON and plot, and reports
 numbers that follow from the definitions; the report gathers them."""
+
 from __future__ import annotations
 
 import json
@@ -86,8 +87,11 @@ def test_report_without_results_says_what_to_run(tmp_path):
 
 
 def test_experiment_command_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "harness", "loads", "--size", "32", "--tiles", "4", "8", "--out", str(tmp_path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "loads", "--size", "32", "--tiles", "4", "8", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "loads.json").is_file()
     done = subprocess.run([sys.executable, "-m", "harness", "report", str(tmp_path)], capture_output=True, text=True)
@@ -98,11 +102,13 @@ def test_blas_grid_measures_pairs_and_judges_the_targets(tmp_path, monkeypatch):
     from harness.experiments import blas_grid
 
     monkeypatch.setattr(blas_grid, "TWO_THREADS_ONLY", {"8"})  # as 4096 is in the default grid
-    data = EXPERIMENTS["blas-grid"].run(tmp_path, shapes=("8", "1x33x17"), threads=(1, 2),
-                                        dtypes=("float32",), rounds=3, sample_time=0.001)
+    data = EXPERIMENTS["blas-grid"].run(
+        tmp_path, shapes=("8", "1x33x17"), threads=(1, 2), dtypes=("float32",), rounds=3, sample_time=0.001
+    )
     # A grid the user names runs every shape at every thread count.
     assert {(r["shape"], r["threads"]) for r in data["rows"]} == {
-        (shape, t) for shape in ("8x8x8", "1x33x17") for t in (1, 2)}
+        (shape, t) for shape in ("8x8x8", "1x33x17") for t in (1, 2)
+    }
     for row in data["rows"]:
         lo, hi = row["vs_numpy_range"]
         assert 0 < lo <= row["vs_numpy"] <= hi
@@ -147,16 +153,18 @@ def test_the_contract_check_can_fail():
 
     from harness.experiments import Experiment
 
-    incomplete = types.SimpleNamespace(NAME="x", TITLE="t", DURATION="d", add_arguments=print, run=print,
-                                       summarize=print)  # no findings()
+    incomplete = types.SimpleNamespace(
+        NAME="x", TITLE="t", DURATION="d", add_arguments=print, run=print, summarize=print
+    )  # no findings()
     assert not isinstance(incomplete, Experiment)
 
 
 def test_decode_sweeps_bytes_and_batch(tmp_path):
     from harness.experiments import decode
 
-    data = decode.run(tmp_path, shapes=["1x64x256"], batches=[1, 2, 4], batch_shape="64x256", threads=[1],
-                      min_time=0.01)
+    data = decode.run(
+        tmp_path, shapes=["1x64x256"], batches=[1, 2, 4], batch_shape="64x256", threads=[1], min_time=0.01
+    )
     assert (tmp_path / "decode.json").is_file() and (tmp_path / "decode.png").is_file()
     rows = [r for r in data["rows"] if r["implementation"] in decode.OURS]
     assert {r.get("weights") for r in rows if r["sweep"] == "bytes"} == set(decode.FORMATS)

@@ -5,6 +5,7 @@ The model's tests run everywhere. Those of ggml itself need ggml-python
 (``pip install ggml-python``, or the ``ggml`` extra; not in the test extra, which CI installs)
 and are skipped, saying so, where it is missing.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -55,6 +56,7 @@ def rounded_product(x, w_float, levels: int = 127) -> np.ndarray:
 
 # ---- the error model (no ggml needed) --------------------------------------------------------
 
+
 def model_inputs():
     """Seeded problems beyond the harness's uniform ones: non-negative terms (sums that grow
     steadily), activations spread over eight decades, blocks of very different size (some
@@ -88,6 +90,7 @@ def test_the_plain_float32_model_is_far_too_tight_for_it():
 
 def wrong_kernels(x, w):
     """Kernels a declared Q8_0 rounding must not excuse."""
+
     def dropped_block(x, w):
         rounded = q8_0_activations(x)
         rounded[:, 32:64] = 0
@@ -141,6 +144,7 @@ def test_without_the_package_it_says_how_to_install_it(monkeypatch):
 
 
 # ---- ggml itself ------------------------------------------------------------------------------
+
 
 @needs_ggml
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -205,8 +209,11 @@ COMPARE_PASSES_THE_DECLARATION = "activation_rounding" in inspect.getsource(impo
 
 
 @needs_ggml
-@pytest.mark.xfail(not COMPARE_PASSES_THE_DECLARATION, strict=True,
-                   reason="harness/compare.py does not yet pass Implementation.activation_rounding to check()")
+@pytest.mark.xfail(
+    not COMPARE_PASSES_THE_DECLARATION,
+    strict=True,
+    reason="harness/compare.py does not yet pass Implementation.activation_rounding to check()",
+)
 def test_compare_checks_and_times_ggml_on_the_edge_shapes():
     results = harness.compare(EDGE_SHAPES, ["ggml.mul_mat"], weights=list(FORMATS), min_time=0.002, baselines=False)
     assert len(results.rows) == len(EDGE_SHAPES) * len(FORMATS)

@@ -5,6 +5,7 @@ its handling of failing and overrunning steps are checked here, where they cost 
 nvidia-smi stands on PATH; each step is a shell snippet (GPU_CHECK_STUB_<step>) that writes a
 file, fails, or sleeps past the deadline; the budgets are scaled down so the run takes seconds.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,19 +31,27 @@ def steps() -> list[str]:
     return done.stdout.split()
 
 
-def run(tmp_path: Path, stubs: dict[str, str], deadline: int, scale: float) -> tuple[subprocess.CompletedProcess, float, Path]:
+def run(
+    tmp_path: Path, stubs: dict[str, str], deadline: int, scale: float
+) -> tuple[subprocess.CompletedProcess, float, Path]:
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     smi = fake_bin / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'name, driver_version'\necho 'Fake GPU, 0.0'\n")
     smi.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
-           "MATMUL_GPU_DEADLINE": str(deadline), "MATMUL_GPU_TIME_SCALE": str(scale)}
+    env = {
+        **os.environ,
+        "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
+        "MATMUL_GPU_DEADLINE": str(deadline),
+        "MATMUL_GPU_TIME_SCALE": str(scale),
+    }
     for name in steps():
         env[f"GPU_CHECK_STUB_{name}"] = stubs.get(name, 'echo "stand-in for $0" > "$STEP_DIR/done.txt"')
     began = time.monotonic()
-    done = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=deadline + 60)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=deadline + 60
+    )
     return done, time.monotonic() - began, out
 
 
@@ -115,19 +124,43 @@ STEPS_SCRIPT = ROOT / "scripts" / "gpu_steps.py"
 
 def gpu_steps(*args, stand_ins: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "GPU_STEPS_STAND_IN": stand_ins}
-    return subprocess.run([sys.executable, str(STEPS_SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(STEPS_SCRIPT), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
 
 
 def test_smoke_records_a_hung_and_a_faulting_kernel_and_how_far_each_got(tmp_path):
     began = time.monotonic()
-    done = gpu_steps("smoke", "--out", tmp_path, "--kernels", "numpy.matmul", "c.blocked", "c.naive_ijk", "c.packed",
-                     "--shape", "40", "--dtype", "float32", "--timeout", 6, "--progress-kernels", "c.blocked",
-                     stand_ins="c.blocked=hang,c.naive_ijk=fault")
+    done = gpu_steps(
+        "smoke",
+        "--out",
+        tmp_path,
+        "--kernels",
+        "numpy.matmul",
+        "c.blocked",
+        "c.naive_ijk",
+        "c.packed",
+        "--shape",
+        "40",
+        "--dtype",
+        "float32",
+        "--timeout",
+        6,
+        "--progress-kernels",
+        "c.blocked",
+        stand_ins="c.blocked=hang,c.naive_ijk=fault",
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert time.monotonic() - began < 50, "a hang costs its own timeout (twice: the progress try), no more"
     smoke = json.loads((tmp_path / "smoke.json").read_text())
-    assert smoke["numpy.matmul"]["verdict"] == "ok" and smoke["c.packed"]["verdict"] == "ok", "kernels after a hang still run"
+    assert smoke["numpy.matmul"]["verdict"] == "ok" and smoke["c.packed"]["verdict"] == "ok", (
+        "kernels after a hang still run"
+    )
     assert smoke["c.blocked"]["verdict"] == "HUNG"
     assert "while running (launch and synchronize)" in smoke["c.blocked"]["detail"], "the phase it hung in"
     # tried again, built to report its progress (a CPU stand-in has none to report)
@@ -140,6 +173,7 @@ def test_a_wrong_result_is_told_apart_from_a_fault(tmp_path, monkeypatch):
     # a kernel whose check fails: c.blocked with a tile the harness accepts but a stand-in result
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_steps as steps
+
     import harness
 
     class Wrong:
@@ -157,34 +191,85 @@ def test_a_wrong_result_is_told_apart_from_a_fault(tmp_path, monkeypatch):
 
 
 def test_a_cut_comparison_keeps_every_finished_row_and_skips_what_the_smoke_test_condemned(tmp_path):
-    (tmp_path / "smoke.json").write_text(json.dumps(
-        {"c.naive_ijk": {"verdict": "FAULT", "detail": "exit 2 while running"}, "numpy.matmul": {"verdict": "ok", "detail": ""}}))
-    groups = ["base:numpy.matmul:48,64:float32", "faulted:c.naive_ijk:48:float32",
-              "hangs:c.blocked:48:float32", "packed:c.packed:48,64:float32", "last:c.naive_ikj:48:float32"]
+    (tmp_path / "smoke.json").write_text(
+        json.dumps(
+            {
+                "c.naive_ijk": {"verdict": "FAULT", "detail": "exit 2 while running"},
+                "numpy.matmul": {"verdict": "ok", "detail": ""},
+            }
+        )
+    )
+    groups = [
+        "base:numpy.matmul:48,64:float32",
+        "faulted:c.naive_ijk:48:float32",
+        "hangs:c.blocked:48:float32",
+        "packed:c.packed:48,64:float32",
+        "last:c.naive_ikj:48:float32",
+    ]
     began = time.monotonic()
-    done = gpu_steps("compare", "--out", tmp_path, "--smoke", tmp_path / "smoke.json", "--budget", 40,
-                     "--min-time", 0.005, "--no-plot", "--group-timeout", 8, *[a for g in groups for a in ("--group", g)],
-                     stand_ins="c.blocked=hang")
+    done = gpu_steps(
+        "compare",
+        "--out",
+        tmp_path,
+        "--smoke",
+        tmp_path / "smoke.json",
+        "--budget",
+        40,
+        "--min-time",
+        0.005,
+        "--no-plot",
+        "--group-timeout",
+        8,
+        *[a for g in groups for a in ("--group", g)],
+        stand_ins="c.blocked=hang",
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert time.monotonic() - began < 60
     groups_text = (tmp_path / "groups.txt").read_text()
     assert "c.naive_ijk          skipped: FAULT in the smoke step" in groups_text
     assert "hangs                killed after" in groups_text
-    assert "packed               ok" in groups_text and "last                 ok" in groups_text, "groups after a hang run"
+    assert "packed               ok" in groups_text and "last                 ok" in groups_text, (
+        "groups after a hang run"
+    )
     rows = json.loads((tmp_path / "comparison.json").read_text())["results"]
     ran = {(r["implementation"], r["shape"]) for r in rows}
-    assert ran == {("numpy.matmul", "48x48x48"), ("numpy.matmul", "64x64x64"), ("c.packed", "48x48x48"),
-                   ("c.packed", "64x64x64"), ("c.naive_ikj", "48x48x48")}, ran
+    assert ran == {
+        ("numpy.matmul", "48x48x48"),
+        ("numpy.matmul", "64x64x64"),
+        ("c.packed", "48x48x48"),
+        ("c.packed", "64x64x64"),
+        ("c.naive_ikj", "48x48x48"),
+    }, ran
     packed = [r for r in rows if r["implementation"] == "c.packed"]
     assert all(r["status"] == "ok" and r["speedup"] for r in packed), "ratios against the baseline group"
 
 
 def test_a_comparison_killed_from_outside_keeps_the_groups_that_finished(tmp_path):
     # what the GPU script's step timeout does: the whole process group killed mid-group
-    command = [sys.executable, str(STEPS_SCRIPT), "compare", "--out", str(tmp_path), "--budget", "100", "--no-plot",
-               "--min-time", "0.005", "--group", "base:numpy.matmul:48:float32", "--group", "hangs:c.blocked:48:float32"]
-    child = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "GPU_STEPS_STAND_IN": "c.blocked=hang"},
-                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [
+        sys.executable,
+        str(STEPS_SCRIPT),
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--budget",
+        "100",
+        "--no-plot",
+        "--min-time",
+        "0.005",
+        "--group",
+        "base:numpy.matmul:48:float32",
+        "--group",
+        "hangs:c.blocked:48:float32",
+    ]
+    child = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "GPU_STEPS_STAND_IN": "c.blocked=hang"},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (tmp_path / "compare-hangs.log").exists():
         time.sleep(0.2)
@@ -213,19 +298,26 @@ def test_the_tests_step_names_failures_and_hangs_and_runs_past_a_hang(tmp_path):
     assert summary.startswith("5 tests, 2 pytest run(s): 1 failed, 1 hung, 3 passed"), summary
     assert "HUNG " in summary and "test_new_kernel_hangs (killed after 3s)" in summary
     assert "FAILED " in summary and "test_new_kernel_wrong" in summary and "result differs" in summary
-    order = [line.split()[1].split("::")[1] for line in (out / "tests.log").read_text().splitlines() if line.startswith("START")]
-    assert order[:3] == ["test_new_kernel_ok", "test_new_kernel_hangs", "test_new_kernel_wrong"], "the new kernels first"
+    order = [
+        line.split()[1].split("::")[1]
+        for line in (out / "tests.log").read_text().splitlines()
+        if line.startswith("START")
+    ]
+    assert order[:3] == ["test_new_kernel_ok", "test_new_kernel_hangs", "test_new_kernel_wrong"], (
+        "the new kernels first"
+    )
     assert order[3:] == ["test_proven_kernel[1]", "test_proven_kernel[2]"], "the tests after the hang still ran"
 
 
 def test_the_default_plan_names_registered_gpu_implementations_and_covers_them_all():
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_steps as steps
+
     import harness
 
     planned = [name for _, impls, _, _, _ in steps.default_groups() for name in impls]
     assert planned[0] == "torch.cublas", "the baseline first"
-    assert planned[1:1 + len(steps.NEVER_RUN)] == steps.NEVER_RUN, "then each never-run kernel"
+    assert planned[1 : 1 + len(steps.NEVER_RUN)] == steps.NEVER_RUN, "then each never-run kernel"
     assert sorted(set(planned)) == sorted(i.name for i in harness.implementations() if i.device == "gpu")
     for name in steps.NEVER_RUN:
         assert steps.SMOKE_DTYPE in harness.lookup(name).dtypes
@@ -247,8 +339,18 @@ def test_the_default_plan_names_registered_gpu_implementations_and_covers_them_a
 
 def test_a_decode_group_compares_each_weight_format_and_keeps_them_apart(tmp_path):
     """A group's fifth field is its weight formats: one decode problem each, rows kept per format."""
-    done = gpu_steps("compare", "--out", tmp_path, "--budget", 60, "--min-time", 0.005, "--no-plot",
-                     "--group", "decode:numpy.matmul,c.decode:2x40x64:float32:q4_0,q8_0,float32")
+    done = gpu_steps(
+        "compare",
+        "--out",
+        tmp_path,
+        "--budget",
+        60,
+        "--min-time",
+        0.005,
+        "--no-plot",
+        "--group",
+        "decode:numpy.matmul,c.decode:2x40x64:float32:q4_0,q8_0,float32",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads((tmp_path / "comparison.json").read_text())["results"]
     found = {(r["implementation"], r["weights"]): r["status"] for r in rows}

@@ -1,6 +1,7 @@
 """The GPU run's plumbing that needs no GPU: finding the toolkit, choosing a loader, judging the
 speed targets from a comparison's JSON, and failing GPU tests that would skip when a GPU is
 required."""
+
 from __future__ import annotations
 
 import json
@@ -79,13 +80,23 @@ def test_missing_loaders_are_named(monkeypatch):
 
 
 def comparison(rows, copy_gbps=4300.0, datasheet=4800.0) -> dict:
-    return {"machine": {"gpu": {"copy_bandwidth_gbps": copy_gbps, "datasheet": {"bandwidth": datasheet}}},
-            "results": rows}
+    return {
+        "machine": {"gpu": {"copy_bandwidth_gbps": copy_gbps, "datasheet": {"bandwidth": datasheet}}},
+        "results": rows,
+    }
 
 
 def row(name, shape, dtype, status="ok", speedup=None, gbytes=None, median=1e-3, gflops=1e5):
-    return {"implementation": name, "shape": shape, "dtype": dtype, "status": status, "median_s": median,
-            "speedup": speedup, "gbytes_per_s": gbytes, "gflops": gflops}
+    return {
+        "implementation": name,
+        "shape": shape,
+        "dtype": dtype,
+        "status": status,
+        "median_s": median,
+        "speedup": speedup,
+        "gbytes_per_s": gbytes,
+        "gflops": gflops,
+    }
 
 
 def outcomes(document) -> dict:
@@ -93,12 +104,18 @@ def outcomes(document) -> dict:
 
 
 def test_verdicts_met_missed_and_not_judged():
-    found = outcomes(comparison([
-        row("cuda.register_tiled", "4096x4096x4096", "float32", speedup=0.62),
-        row("cuda.wmma", "4096x4096x4096", "bfloat16", speedup=0.10),
-        row("cuda.wmma", "8192x8192x8192", "bfloat16", status="FAILED: 3 elements out of tolerance", median=None),
-        row("cuda.gemv", "1x16384x16384", "bfloat16", gbytes=4000.0),
-    ]))
+    found = outcomes(
+        comparison(
+            [
+                row("cuda.register_tiled", "4096x4096x4096", "float32", speedup=0.62),
+                row("cuda.wmma", "4096x4096x4096", "bfloat16", speedup=0.10),
+                row(
+                    "cuda.wmma", "8192x8192x8192", "bfloat16", status="FAILED: 3 elements out of tolerance", median=None
+                ),
+                row("cuda.gemv", "1x16384x16384", "bfloat16", gbytes=4000.0),
+            ]
+        )
+    )
     assert found[("cuda.register_tiled", "4096x4096x4096", "float32")].outcome == "met"
     assert found[("cuda.wmma", "4096x4096x4096", "bfloat16")].outcome == "missed"
     assert found[("cuda.wmma", "8192x8192x8192", "bfloat16")].outcome == "not judged"
@@ -108,18 +125,28 @@ def test_verdicts_met_missed_and_not_judged():
     assert found[("triton.gemv", "1x16384x16384", "float16")].outcome == "not judged"
 
 
-
 def test_decode_verdicts_judge_the_copy_share_and_the_int4_peer_by_weight_format():
     def decode_row(name, shape, median, gbytes, weights="q4_0", status="ok"):
         return {**row(name, shape, "float32", status=status, gbytes=gbytes, median=median), "weights": weights}
 
-    found = {(v.target.implementation, v.target.shape, v.target.kind): v for v in verdicts.judge([comparison([
-        decode_row("cuda.decode", "1x16384x16384", 40e-6, 3800.0),
-        decode_row("torch.int4_gpu", "1x16384x16384", 50e-6, 3000.0),
-        decode_row("cuda.decode", "1x16384x16384", 1e-3, 10.0, weights="q8_0"),  # another problem: not judged here
-        decode_row("cuda.decode", "1x28672x8192", 60e-6, 2200.0),
-        decode_row("torch.int4_gpu", "1x28672x8192", 40e-6, 3300.0, status="FAILED: out of tolerance"),
-    ])])}
+    found = {
+        (v.target.implementation, v.target.shape, v.target.kind): v
+        for v in verdicts.judge(
+            [
+                comparison(
+                    [
+                        decode_row("cuda.decode", "1x16384x16384", 40e-6, 3800.0),
+                        decode_row("torch.int4_gpu", "1x16384x16384", 50e-6, 3000.0),
+                        decode_row(
+                            "cuda.decode", "1x16384x16384", 1e-3, 10.0, weights="q8_0"
+                        ),  # another problem: not judged here
+                        decode_row("cuda.decode", "1x28672x8192", 60e-6, 2200.0),
+                        decode_row("torch.int4_gpu", "1x28672x8192", 40e-6, 3300.0, status="FAILED: out of tolerance"),
+                    ]
+                )
+            ]
+        )
+    }
     copy = found[("cuda.decode", "1x16384x16384", "copy")]
     assert copy.outcome == "met" and "88% of the 4300 GB/s measured copy" in copy.detail
     peer = found[("cuda.decode", "1x16384x16384", "vs_peer")]
@@ -129,10 +156,13 @@ def test_decode_verdicts_judge_the_copy_share_and_the_int4_peer_by_weight_format
     assert found[("triton.decode", "1x16384x16384", "copy")].outcome == "not judged"
     assert "q4_0 weights: at least 1.00x torch.int4_gpu" in peer.line()
 
+
 def test_verdicts_command_exit_status(tmp_path):
     path = tmp_path / "comparison.json"
     path.write_text(json.dumps(comparison([row("cuda.register_tiled", "4096x4096x4096", "float32", speedup=0.2)])))
-    done = subprocess.run([sys.executable, "-m", "harness", "verdicts", str(path)], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "verdicts", str(path)], capture_output=True, text=True, cwd=ROOT
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "MISSED" in done.stdout and "0.20x cuBLAS" in done.stdout
     assert done.stdout.count("\n") == len(verdicts.TARGETS)
@@ -142,10 +172,22 @@ def test_require_gpu_turns_gpu_skips_into_failures():
     env = {**os.environ, "MATMUL_REQUIRE_GPU": "1"}
     env.pop("MATMUL_CUDA_EMULATE", None)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-         "tests/test_cuda_gpu.py::test_loader_shares_torch_context",
-         "tests/test_triton_gpu.py"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--continue-on-collection-errors",
+            "tests/test_cuda_gpu.py::test_loader_shares_torch_context",
+            "tests/test_triton_gpu.py",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
     )
     if "passed" in done.stdout and "failed" not in done.stdout:
         pytest.skip("a GPU is here: nothing would skip")
@@ -174,8 +216,13 @@ def test_the_check_gives_one_verdict_in_numpy_and_torch(case):
         result[5, 6] += 1e-2
     by_numpy = checking.check(result, a, b, data)
     by_torch = checking.compare_elements(
-        torch, torch.from_numpy(result.astype(np.float64)), torch.from_numpy(ref),
-        torch.from_numpy(data.terms_norm), result.dtype, a.shape[1])
+        torch,
+        torch.from_numpy(result.astype(np.float64)),
+        torch.from_numpy(ref),
+        torch.from_numpy(data.terms_norm),
+        result.dtype,
+        a.shape[1],
+    )
     assert (by_torch.passed, by_torch.message) == (by_numpy.passed, by_numpy.message)
     assert by_torch.worst_ratio == pytest.approx(by_numpy.worst_ratio)
     assert by_numpy.passed == (case == "ok")
@@ -227,7 +274,12 @@ def test_every_cuda_technique_is_planned_from_its_own_source_and_every_source_is
         for technique in techniques:
             assert specs[technique].source == impl.source, impl.name
     launch = plans.plan("tiled", "float32", 33, 40, 7)  # TILE = 16 in cuda/tiled.cu
-    assert (launch.grid, launch.block, launch.args, launch.signature) == ((3, 3, 1), (16, 16, 1), ("A", "B", "C", 33, 40, 7), "PPPiii")
+    assert (launch.grid, launch.block, launch.args, launch.signature) == (
+        (3, 3, 1),
+        (16, 16, 1),
+        ("A", "B", "C", 33, 40, 7),
+        "PPPiii",
+    )
 
 
 def test_a_launch_declaration_that_cannot_be_read_says_where(tmp_path, monkeypatch):
@@ -235,7 +287,9 @@ def test_a_launch_declaration_that_cannot_be_read_says_where(tmp_path, monkeypat
     from harness.backends.cuda import plans
 
     (tmp_path / "cuda").mkdir()
-    (tmp_path / "cuda" / "one.cu").write_text("#define T 8 // tile\n// @launch one grid (cdiv(N, T)) block (T * 4) args (A, B, C, N, K)\n")
+    (tmp_path / "cuda" / "one.cu").write_text(
+        "#define T 8 // tile\n// @launch one grid (cdiv(N, T)) block (T * 4) args (A, B, C, N, K)\n"
+    )
     monkeypatch.setattr(sources, "sources_root", lambda: tmp_path)
     assert plans.plan("one", "float32", 1, 17, 5).grid == (3, 1, 1)
     (tmp_path / "cuda" / "two.cu").write_text("// @launch one grid (1) block (32) args (A, B, C, N, K)\n")

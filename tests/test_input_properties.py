@@ -5,6 +5,7 @@ order, strided views, buffers at odd offsets (misaligned), np.matrix, zero-sized
 mismatched dtypes. Each case either equals the reference within the check or raises a
 MatmulInputError naming the problem, and the caller's arrays are never modified.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """Mutation testing kept in the repository (scripts/mutants.py): the list still applies to the
 sources, and a small, fast subset of realistic kernel bugs is caught by the CPU tests."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -46,9 +47,13 @@ def test_names_are_unique_and_the_fast_subset_covers_several_classes():
     assert 3 <= len(fast) <= 6 and len({m.kind for m in fast}) >= 2
 
 
-@pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason()))
+@pytest.mark.skipif(
+    emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
+)
 def test_the_fast_subset_is_caught():
-    done = subprocess.run([sys.executable, str(SCRIPT), "--fast"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--fast"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     for mutant in mutants.MUTANTS:
         if mutant.fast:

@@ -13,6 +13,7 @@ when the installed package is itself a namespace package (recent cuda-python's `
 our folder joins its ``__path__``. Neither shadows anything as long as our folder holds no
 module with the name of one of theirs, which is what the cuda test checks.
 """
+
 import json
 import os
 import subprocess
@@ -81,7 +82,9 @@ def test_import_cuda_from_repository_root_is_not_shadowed(tmp_path):
         # Nothing to shadow: at most our folder becomes an empty namespace package.
         assert "error" in at_root or all(inside(p, ours) for p in at_root["path"]), at_root
         assert not list(ours.glob("*.py")), "a .py file in cuda/ would be importable as cuda.<name>"
-        pytest.skip(f"cuda-python is not installed here ({elsewhere['error']}); checked only that cuda/ holds no modules")
+        pytest.skip(
+            f"cuda-python is not installed here ({elsewhere['error']}); checked only that cuda/ holds no modules"
+        )
     if elsewhere["file"]:  # a regular package: it must win outright
         assert at_root.get("file") == elsewhere["file"], at_root
         return

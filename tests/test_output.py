@@ -1,4 +1,5 @@
 """What a reader sees: the comparison table at 80 and 200 columns, its units and flags."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,20 +11,76 @@ from harness.render import format_time
 
 def rows() -> list[Row]:
     made = [
-        Row("numpy.matmul", "numpy", "cpu", "1024x1024x1024", "float32", "ok", median_s=0.0194, spread=0.02,
-            gflops=111.0, peak_pct=72.0, speedup=1.0, max_abs_error=1e-5, threads=1),
-        Row("c.naive_ijk", "c", "cpu", "1024x1024x1024", "float32", "ok", median_s=16.9, spread=0.9,
-            gflops=0.13, peak_pct=0.1, speedup=0.0011, max_abs_error=1e-5, threads=1),
-        Row("c.packed", "c", "cpu", "1024x1024x1024", "float32", "ok", median_s=0.018, spread=0.01,
-            gflops=119.0, peak_pct=124.0, speedup=1.07, max_abs_error=1e-5, threads=1),
+        Row(
+            "numpy.matmul",
+            "numpy",
+            "cpu",
+            "1024x1024x1024",
+            "float32",
+            "ok",
+            median_s=0.0194,
+            spread=0.02,
+            gflops=111.0,
+            peak_pct=72.0,
+            speedup=1.0,
+            max_abs_error=1e-5,
+            threads=1,
+        ),
+        Row(
+            "c.naive_ijk",
+            "c",
+            "cpu",
+            "1024x1024x1024",
+            "float32",
+            "ok",
+            median_s=16.9,
+            spread=0.9,
+            gflops=0.13,
+            peak_pct=0.1,
+            speedup=0.0011,
+            max_abs_error=1e-5,
+            threads=1,
+        ),
+        Row(
+            "c.packed",
+            "c",
+            "cpu",
+            "1024x1024x1024",
+            "float32",
+            "ok",
+            median_s=0.018,
+            spread=0.01,
+            gflops=119.0,
+            peak_pct=124.0,
+            speedup=1.07,
+            max_abs_error=1e-5,
+            threads=1,
+        ),
         Row("c.blocked", "c", "cpu", "1024x1024x1024", "float32", "FAILED: 3 of 1048576 elements out of tolerance"),
         Row("triton.matmul", "triton", "gpu", "1024x1024x1024", "float32", "ok", mode="interpreted"),
     ]
     for name in ("cuda.naive", "cuda.tiled", "torch.cublas"):
-        made.append(Row(name, "cuda", "gpu", "1024x1024x1024", "float32",
-                        "unavailable: no CUDA GPU is visible to PyTorch 2.13.0+cpu (a CPU-only build); set X=1"))
-    made.append(Row("python.ijk", "python", "cpu", "1024x1024x1024", "float32",
-                    "skipped: python.ijk would take too long at 1024x1024x1024 (MxNxK) (about 2 minutes): the limit is 2.7e+08 FLOPs"))
+        made.append(
+            Row(
+                name,
+                "cuda",
+                "gpu",
+                "1024x1024x1024",
+                "float32",
+                "unavailable: no CUDA GPU is visible to PyTorch 2.13.0+cpu (a CPU-only build); set X=1",
+            )
+        )
+    made.append(
+        Row(
+            "python.ijk",
+            "python",
+            "cpu",
+            "1024x1024x1024",
+            "float32",
+            "skipped: python.ijk would take too long at 1024x1024x1024 (MxNxK) (about 2 minutes): the limit is "
+            "2.7e+08 FLOPs",
+        )
+    )
     return made
 
 
@@ -57,8 +114,18 @@ def test_wide_terminals_get_more_columns():
     assert "max err" not in narrow and "max err" in wide and "spread" in wide
 
 
-@pytest.mark.parametrize("seconds, text", [(1.69e4, "4.7 h"), (169.0, "169 s"), (16.9, "16.9 s"), (0.0123, "12.3 ms"),
-                                           (1.2345e-5, "12.3 us"), (4.5e-8, "45.0 ns"), (None, "")])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (1.69e4, "4.7 h"),
+        (169.0, "169 s"),
+        (16.9, "16.9 s"),
+        (0.0123, "12.3 ms"),
+        (1.2345e-5, "12.3 us"),
+        (4.5e-8, "45.0 ns"),
+        (None, ""),
+    ],
+)
 def test_times_in_human_units(seconds, text):
     assert format_time(seconds) == text
 
@@ -168,18 +235,27 @@ def test_benchmark_groups_and_summary_are_in_numeric_order():
     from conftest import _group_key, benchmark_summary
 
     groups = ["1024x1024x1024 float32", "128x128x128 float32", "1x4096x4096 float32", "512x512x512 float32"]
-    assert sorted(groups, key=_group_key) == ["128x128x128 float32", "1x4096x4096 float32",
-                                              "512x512x512 float32", "1024x1024x1024 float32"]
+    assert sorted(groups, key=_group_key) == [
+        "128x128x128 float32",
+        "1x4096x4096 float32",
+        "512x512x512 float32",
+        "1024x1024x1024 float32",
+    ]
 
     def bench(name, group, median, flops):
-        return SimpleNamespace(group=group, stats=SimpleNamespace(median=median),
-                               extra_info={"implementation": name, "flops": flops, "dtype": "float32"})
+        return SimpleNamespace(
+            group=group,
+            stats=SimpleNamespace(median=median),
+            extra_info={"implementation": name, "flops": flops, "dtype": "float32"},
+        )
 
-    lines = benchmark_summary([
-        bench("c.packed", "1024x1024x1024 float32", 0.02, 2 * 1024**3),
-        bench("numpy.matmul", "1024x1024x1024 float32", 0.019, 2 * 1024**3),
-        bench("c.packed", "128x128x128 float32", 5e-5, 2 * 128**3),
-    ])
+    lines = benchmark_summary(
+        [
+            bench("c.packed", "1024x1024x1024 float32", 0.02, 2 * 1024**3),
+            bench("numpy.matmul", "1024x1024x1024 float32", 0.019, 2 * 1024**3),
+            bench("c.packed", "128x128x128 float32", 5e-5, 2 * 128**3),
+        ]
+    )
     headings = [line for line in lines if line.endswith("float32:")]
     assert headings == ["128x128x128 float32:", "1024x1024x1024 float32:"]
     packed = next(line for line in lines if "c.packed" in line and "20.0 ms" in line)

@@ -7,6 +7,7 @@ registers or row addresses and return what the instruction produced. Then cuda/m
 wrong layout (B without .trans; two A registers swapped) or without its cp.async.wait_group
 must compute wrong results.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,25 +18,26 @@ from harness.backends.cuda import emulation, plans
 from harness.inputs import Shape
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None,
-                                reason=str(emulation.emulation_unavailable_reason()))
+pytestmark = pytest.mark.skipif(
+    emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
+)
 
 LANES = np.arange(32)
-GROUP, THREAD_IN_GROUP = LANES // 4, LANES % 4   # groupID, threadID_in_group
+GROUP, THREAD_IN_GROUP = LANES // 4, LANES % 4  # groupID, threadID_in_group
 
 
 # ---- the ISA's tables: (row, column) of element i of lane l ------------------------------------------
-def a_position(lane, i):   # A 16 x 16, a0..a7 (a[j] holds a_{2j} low, a_{2j+1} high)
+def a_position(lane, i):  # A 16 x 16, a0..a7 (a[j] holds a_{2j} low, a_{2j+1} high)
     row = lane // 4 + (8 if i in (2, 3, 6, 7) else 0)
     col = (lane % 4) * 2 + (i & 1) + (8 if i >= 4 else 0)
     return row, col
 
 
-def b_position(lane, i):   # B 16 x 8 (k, n), b0..b3
+def b_position(lane, i):  # B 16 x 8 (k, n), b0..b3
     return (lane % 4) * 2 + (i & 1) + (8 if i >= 2 else 0), lane // 4
 
 
-def c_position(lane, i):   # C, D 16 x 8, c0..c3
+def c_position(lane, i):  # C, D 16 x 8, c0..c3
     return lane // 4 + (8 if i >= 2 else 0), (lane % 4) * 2 + (i & 1)
 
 
@@ -66,7 +68,7 @@ def unpack(d: np.ndarray) -> np.ndarray:
     return out
 
 
-PROBES = r'''
+PROBES = r"""
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include "ptx.h"
@@ -126,7 +128,7 @@ extern "C" __global__ void probe_cp_async(const unsigned char* src, unsigned cha
     ptx::cp_async_wait_group<0>();
     for (int i = 0; i < 48; ++i) out[144 + i] = area[i];
 }
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -150,11 +152,11 @@ def test_ldmatrix_layout(probes, count, trans):
     probes.launch(launch, {"T": tile.ctypes.data, "R": rows.ctypes.data, "O": out.ctypes.data})
     mismatches = []
     for lane in range(32):
-        for i in range(count):                # register i: matrix i, rows from lanes 8i .. 8i + 7
+        for i in range(count):  # register i: matrix i, rows from lanes 8i .. 8i + 7
             for half in range(2):
-                if trans:    # element (2 (l % 4) + half, l / 4) of matrix i
+                if trans:  # element (2 (l % 4) + half, l / 4) of matrix i
                     expected = tile[rows[8 * i + 2 * (lane % 4) + half], lane // 4]
-                else:        # element (l / 4, 2 (l % 4) + half)
+                else:  # element (l / 4, 2 (l % 4) + half)
                     expected = tile[rows[8 * i + lane // 4], 2 * (lane % 4) + half]
                 got = (int(out[lane, i]) >> (16 * half)) & 0xFFFF
                 if got != expected:
@@ -185,7 +187,7 @@ def test_fragment_tables_cover_each_element_once():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mma_fragment_layouts_element_by_element(probes, dtype):
-    codes_a = np.arange(1, 257, dtype=np.float32).reshape(16, 16)   # distinct, exact in BF16 and FP16
+    codes_a = np.arange(1, 257, dtype=np.float32).reshape(16, 16)  # distinct, exact in BF16 and FP16
     codes_b = np.arange(1, 129, dtype=np.float32).reshape(16, 8)
     codes_c = np.arange(1, 129, dtype=np.float32).reshape(16, 8) + 0.5
     zeros_b, zeros_c = np.zeros((16, 8), np.float32), np.zeros((16, 8), np.float32)
@@ -196,8 +198,10 @@ def test_mma_fragment_layouts_element_by_element(probes, dtype):
     # B = rows 0-7 or 8-15 of I: D = columns 0-7 or 8-15 of A, every element where the A table put it.
     for half in range(2):
         select = np.zeros((16, 8), np.float32)
-        select[8 * half: 8 * half + 8] = np.eye(8, dtype=np.float32)
-        np.testing.assert_array_equal(run_mma(probes, dtype, codes_a, select, zeros_c), codes_a[:, 8 * half: 8 * half + 8])
+        select[8 * half : 8 * half + 8] = np.eye(8, dtype=np.float32)
+        np.testing.assert_array_equal(
+            run_mma(probes, dtype, codes_a, select, zeros_c), codes_a[:, 8 * half : 8 * half + 8]
+        )
     # A general product, exact in FP32 (small integers).
     rng = np.random.default_rng(7)
     a = rng.integers(-8, 9, (16, 16)).astype(np.float32)
@@ -214,13 +218,13 @@ def test_cp_async_lands_at_wait_group_with_zero_fill(probes):
     probes.launch(launch, {"S": src.ctypes.data, "O": out.ctypes.data})
     untouched = np.full(16, 0xFF, np.uint8)
     group0 = src[:16]
-    group1 = np.concatenate([src[16:22], np.zeros(10, np.uint8)])   # 6 bytes read, 10 zero-filled
-    group2 = np.zeros(16, np.uint8)                                  # nothing read, all zero-filled
+    group1 = np.concatenate([src[16:22], np.zeros(10, np.uint8)])  # 6 bytes read, 10 zero-filled
+    group2 = np.zeros(16, np.uint8)  # nothing read, all zero-filled
     snapshots = out.reshape(4, 48)
-    np.testing.assert_array_equal(snapshots[0], np.concatenate([untouched] * 3))        # issued: nothing landed
+    np.testing.assert_array_equal(snapshots[0], np.concatenate([untouched] * 3))  # issued: nothing landed
     np.testing.assert_array_equal(snapshots[1], np.concatenate([group0, untouched, untouched]))  # wait_group 2
-    np.testing.assert_array_equal(snapshots[2], np.concatenate([group0, group1, untouched]))     # wait_group 1
-    np.testing.assert_array_equal(snapshots[3], np.concatenate([group0, group1, group2]))        # wait_group 0
+    np.testing.assert_array_equal(snapshots[2], np.concatenate([group0, group1, untouched]))  # wait_group 1
+    np.testing.assert_array_equal(snapshots[3], np.concatenate([group0, group1, group2]))  # wait_group 0
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
@@ -230,8 +234,10 @@ def test_cp_async_lands_any_time_between_issue_and_wait_group(probes, monkeypatc
     monkeypatch.setenv("MATMUL_EMU_ASYNC", f"random:{seed}")
     src = np.arange(1, 49, dtype=np.uint8)
     out = np.zeros(4 * 48, dtype=np.uint8)
-    probes.launch(plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
-                  {"S": src.ctypes.data, "O": out.ctypes.data})
+    probes.launch(
+        plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
+        {"S": src.ctypes.data, "O": out.ctypes.data},
+    )
     final = np.concatenate([src[:16], src[16:22], np.zeros(10, np.uint8), np.zeros(16, np.uint8)]).reshape(3, 16)
     snapshots = out.reshape(4, 3, 16)
     for i, snapshot in enumerate(snapshots):
@@ -247,8 +253,10 @@ def test_cp_async_random_landing_varies_with_the_seed(probes, monkeypatch):
     for seed in range(1, 9):
         monkeypatch.setenv("MATMUL_EMU_ASYNC", f"random:{seed}")
         out = np.zeros(4 * 48, dtype=np.uint8)
-        probes.launch(plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
-                      {"S": np.arange(1, 49, dtype=np.uint8).ctypes.data, "O": out.ctypes.data})
+        probes.launch(
+            plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
+            {"S": np.arange(1, 49, dtype=np.uint8).ctypes.data, "O": out.ctypes.data},
+        )
         early.add(tuple(out.reshape(4, 3, 16)[0, :, 0] != 0xFF))  # which groups landed before any wait
     assert len(early) > 1, "every seed landed the copies at the same points"
 
@@ -257,8 +265,10 @@ def test_cp_async_lands_at_issue_when_asked(probes, monkeypatch):
     monkeypatch.setenv("MATMUL_EMU_ASYNC", "issue")
     src = np.arange(1, 49, dtype=np.uint8)
     out = np.zeros(4 * 48, dtype=np.uint8)
-    probes.launch(plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
-                  {"S": src.ctypes.data, "O": out.ctypes.data})
+    probes.launch(
+        plans.Launch("probe_cp_async", (1, 1, 1), (1, 1, 1), ("S", "O", 0), "PPi"),
+        {"S": src.ctypes.data, "O": out.ctypes.data},
+    )
     final = np.concatenate([src[:16], src[16:22], np.zeros(26, np.uint8)])
     np.testing.assert_array_equal(out.reshape(4, 48), np.stack([final] * 4))
 
@@ -279,7 +289,7 @@ BROKEN = {
 def _aligned(array: np.ndarray) -> np.ndarray:
     raw = np.empty(array.nbytes + 64, dtype=np.uint8)
     offset = (-raw.ctypes.data) % 64
-    out = raw[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    out = raw[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
     out[...] = array
     return out
 
@@ -324,6 +334,8 @@ def test_mma_unaligned_inputs_do_not_use_cp_async(dtype):
     views[0][:] = a.ravel()
     views[1][:] = b.ravel()
     views[2][:] = np.nan
-    library.launch(plans.plan("mma", dtype, *shape),
-                   {"A": views[0].ctypes.data, "B": views[1].ctypes.data, "C": views[2].ctypes.data})
+    library.launch(
+        plans.plan("mma", dtype, *shape),
+        {"A": views[0].ctypes.data, "B": views[1].ctypes.data, "C": views[2].ctypes.data},
+    )
     assert harness.check(views[2].reshape(40, 64), a, b).passed

@@ -15,6 +15,7 @@ tx-count; mbarrier.try_wait.parity p, [bar], parity; cp.async.bulk.tensor.2d [ds
 {x, y}], [bar]; wgmma.mma_async d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b,
 imm-trans-a, imm-trans-b; setmaxnreg.{inc,dec} N; {cp.async,wgmma}.wait_group N.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,7 +29,7 @@ from harness.sources import source_path
 
 pytestmark = pytest.mark.skipif(sass.nvcc() is None, reason="nvcc not found on PATH")
 
-PROBES = r'''
+PROBES = r"""
 #include "ptx.h"
 
 // Inputs come from `in` (array element i is ("in", i)) or from scalar parameters (("param", k));
@@ -122,7 +123,7 @@ extern "C" __global__ void probe_setmaxnreg()
     ptx::setmaxnreg_dec<40>();
     ptx::setmaxnreg_inc<232>();
 }
-'''
+"""
 
 REGISTER = r"%[a-z]+\d+"
 
@@ -142,7 +143,17 @@ def probes_ptx(ptx_header: str) -> str:
     (folder / "ptx.h").write_text(ptx_header)
     probe = folder / "probes.cu"
     probe.write_text(PROBES)
-    command = [sass.nvcc(), "-arch=sm_90a", "-ptx", "-O3", "-I", str(folder), "-o", str(folder / "probes.ptx"), str(probe)]
+    command = [
+        sass.nvcc(),
+        "-arch=sm_90a",
+        "-ptx",
+        "-O3",
+        "-I",
+        str(folder),
+        "-o",
+        str(folder / "probes.ptx"),
+        str(probe),
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     return (folder / "probes.ptx").read_text()
@@ -156,7 +167,7 @@ def kernel_body(text: str, name: str) -> list[str]:
     """The PTX statements of one probe kernel, one per item (multi-statement asm blocks split)."""
     start = text.index(f".entry {name}(")
     end = text.find(".entry ", start + 1)
-    body = text[start:end if end > 0 else len(text)]
+    body = text[start : end if end > 0 else len(text)]
     statements = []
     for line in body.splitlines():
         line = line.split("//")[0].strip()
@@ -184,13 +195,17 @@ class Trace:
                     self.origin[m[1]] = self.origin[m[2]]
                 elif m[2] in pointers:
                     pointers[m[1]] = pointers[m[2]]
-            elif m := re.match(rf"ld\.global(?:\.nc)?\.(?:v(\d)\.)?\w+\s+(\{{[^}}]*\}}|{REGISTER}),\s*\[({REGISTER})(?:\+(\d+))?\]", s):
+            elif m := re.match(
+                rf"ld\.global(?:\.nc)?\.(?:v(\d)\.)?\w+\s+(\{{[^}}]*\}}|{REGISTER}),\s*\[({REGISTER})(?:\+(\d+))?\]", s
+            ):
                 base = pointers.get(m[3])
                 registers = re.findall(REGISTER, m[2])
                 size = 4 if "64" not in s.split()[0] else 8
                 for lane, register in enumerate(registers):
                     self.origin[register] = ("in", base, (int(m[4] or 0) // size) + lane)
-            elif m := re.match(rf"st\.global\.(?:v(\d)\.)?\w+\s+\[({REGISTER})(?:\+(\d+))?\],\s*(\{{[^}}]*\}}|{REGISTER})", s):
+            elif m := re.match(
+                rf"st\.global\.(?:v(\d)\.)?\w+\s+\[({REGISTER})(?:\+(\d+))?\],\s*(\{{[^}}]*\}}|{REGISTER})", s
+            ):
                 for lane, register in enumerate(re.findall(REGISTER, m[4])):
                     self.stored[int(m[3] or 0) // 4 + lane] = register
             elif m := re.match(rf"selp\.\w+\s+({REGISTER}),\s*(\S+),\s*(\S+),\s*(\S+)$", s):
@@ -203,7 +218,7 @@ class Trace:
         found = [s for s in self.statements if s.startswith(opcode + " ") or s == opcode]
         assert len(found) == 1, f"expected one {opcode}, found {found}"
         operands, depth, current = [], 0, ""
-        for char in found[0][len(opcode):].strip():
+        for char in found[0][len(opcode) :].strip():
             depth += char in "{[" and 1 or 0
             depth -= char in "}]" and 1 or 0
             if char == "," and depth == 0:
@@ -308,25 +323,40 @@ def test_setmaxnreg_passes_its_count(ptx):
 # asm): every one must fail the check written for its wrapper.
 WRAPPER_MUTANTS = {
     "mma.sync with its B registers swapped": (
-        '"r"(b[0]), "r"(b[1]),\n                   "f"(c[0])', '"r"(b[1]), "r"(b[0]),\n                   "f"(c[0])',
-        lambda ptx: test_mma_sync_takes_d_a_b_c_in_the_isas_order(ptx, "bf16")),
+        '"r"(b[0]), "r"(b[1]),\n                   "f"(c[0])',
+        '"r"(b[1]), "r"(b[0]),\n                   "f"(c[0])',
+        lambda ptx: test_mma_sync_takes_d_a_b_c_in_the_isas_order(ptx, "bf16"),
+    ),
     "wgmma with the B transpose bit cleared": (
-        "p, 1, 1, 0, 1;", "p, 1, 1, 0, 0;", test_wgmma_takes_the_accumulators_in_order_b_transposed_and_a_not),
+        "p, 1, 1, 0, 1;",
+        "p, 1, 1, 0, 0;",
+        test_wgmma_takes_the_accumulators_in_order_b_transposed_and_a_not,
+    ),
     "try_wait with its predicate inverted": (
-        "selp.u32 %0, 1, 0, p;", "selp.u32 %0, 0, 1, p;",
-        test_mbarrier_operands_and_try_wait_returns_true_when_the_phase_completed),
+        "selp.u32 %0, 1, 0, p;",
+        "selp.u32 %0, 0, 1, p;",
+        test_mbarrier_operands_and_try_wait_returns_true_when_the_phase_completed,
+    ),
     "a commit_group that emits nothing": (
-        'asm volatile("cp.async.commit_group;" ::: "memory");', 'asm volatile("" ::: "memory");',
-        test_cp_async_takes_dst_src_size_then_src_bytes_and_commits_and_waits),
+        'asm volatile("cp.async.commit_group;" ::: "memory");',
+        'asm volatile("" ::: "memory");',
+        test_cp_async_takes_dst_src_size_then_src_bytes_and_commits_and_waits,
+    ),
     "ldmatrix.x4 with two destinations swapped": (
         ': "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(address) : "memory");\n}\n__device__ __forceinline__ void ldmatrix_x1_trans',
         ': "=r"(r1), "=r"(r0), "=r"(r2), "=r"(r3) : "r"(address) : "memory");\n}\n__device__ __forceinline__ void ldmatrix_x1_trans',
-        lambda ptx: test_ldmatrix_writes_its_registers_in_order_with_trans_where_named(ptx, 4, False)),
+        lambda ptx: test_ldmatrix_writes_its_registers_in_order_with_trans_where_named(ptx, 4, False),
+    ),
     "a TMA corner with x and y swapped": (
-        '"r"(x), "r"(y), "r"(bar)', '"r"(y), "r"(x), "r"(bar)', test_tma_load_takes_dst_map_corner_and_barrier_in_order),
+        '"r"(x), "r"(y), "r"(bar)',
+        '"r"(y), "r"(x), "r"(bar)',
+        test_tma_load_takes_dst_map_corner_and_barrier_in_order,
+    ),
     "a wait_group that ignores its count": (
-        'asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");', 'asm volatile("cp.async.wait_group 0;" ::: "memory");',
-        test_cp_async_takes_dst_src_size_then_src_bytes_and_commits_and_waits),
+        'asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");',
+        'asm volatile("cp.async.wait_group 0;" ::: "memory");',
+        test_cp_async_takes_dst_src_size_then_src_bytes_and_commits_and_waits,
+    ),
 }
 
 

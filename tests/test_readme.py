@@ -1,5 +1,6 @@
 """The READMEs say what is true: the front page's tables are generated, its quick start names
 real commands, every Python block runs and every relative link leads to a file."""
+
 from __future__ import annotations
 
 import re
@@ -8,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from harness.cli import implementation_table
-from harness.headline import END as HEADLINE_END, START as HEADLINE_START, headline_lines, table as headline_table
+from harness.headline import END as HEADLINE_END
+from harness.headline import START as HEADLINE_START
+from harness.headline import headline_lines
+from harness.headline import table as headline_table
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -54,8 +58,11 @@ def test_relative_links_lead_to_files(readme):
         assert (readme.parent / target).exists(), f"{readme.relative_to(ROOT)} links to {target}, which is not there"
 
 
-@pytest.mark.parametrize("readme", [path for path in READMES if "```python" in path.read_text()],
-                         ids=lambda path: str(path.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "readme",
+    [path for path in READMES if "```python" in path.read_text()],
+    ids=lambda path: str(path.relative_to(ROOT)),
+)
 def test_readme_python_snippets_run(readme, tmp_path, monkeypatch):
     """Every ```python block runs as written (in a scratch folder, for its files)."""
     blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.S)

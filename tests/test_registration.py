@@ -1,6 +1,7 @@
 """Registration, the one way in: every backend registers its own implementations, and a user's
 implementation joins the same registry, the same checks and the same tables. And the peers
 (BLIS, torch's CPU matmul) are rows of every CPU comparison where they are installed."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,15 @@ class _FunctionBackend:
 
 
 def _implementation(name, function, **fields):
-    return harness.Implementation(name=name, language="python", device="cpu", dtypes=("float32",),
-                                  summary="a test's own", backend=_FunctionBackend(function), **fields)
+    return harness.Implementation(
+        name=name,
+        language="python",
+        device="cpu",
+        dtypes=("float32",),
+        summary="a test's own",
+        backend=_FunctionBackend(function),
+        **fields,
+    )
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Nothing passes that shouldn't, nothing is lost, nothing hangs: what users' mistakes and
 machines' faults do. Each section is one class of fault, each test one way to meet it."""
+
 from __future__ import annotations
 
 import ctypes
@@ -19,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
 
 
 # ---- inputs no row can change --------------------------------------------------------------------
@@ -32,6 +39,7 @@ def writable_alias(x: np.ndarray) -> np.ndarray:
 
 class _Writer:
     """A Prepared whose run() does what ``behaviour`` says to its inputs, and returns its product."""
+
     mode = "native"
 
     def __init__(self, a, b, behaviour):
@@ -80,19 +88,30 @@ class _WriterBackend:
 
 def register_writer(monkeypatch, behaviour) -> str:
     name = "test.writer"
-    impl = Implementation(name=name, language="python", device="cpu", dtypes=("float32",),
-                          summary="writes into its inputs", backend=_WriterBackend(behaviour))
+    impl = Implementation(
+        name=name,
+        language="python",
+        device="cpu",
+        dtypes=("float32",),
+        summary="writes into its inputs",
+        backend=_WriterBackend(behaviour),
+    )
     monkeypatch.setitem(harness.REGISTRY, name, impl)
     return name
 
 
-@pytest.mark.parametrize("behaviour, said", [
-    (zero_a_and_return_zeros, "tried to write into its inputs"),
-    (double_a_through_a_pointer, "wrote into its input A"),
-    (zero_a_through_a_pointer_and_return_zeros, "wrote into its input A"),
-    (double_a_on_the_second_call, "wrote into its input A (inputs are read-only; a matmul must not change them) "
-                                       "while it was timed"),
-])
+@pytest.mark.parametrize(
+    "behaviour, said",
+    [
+        (zero_a_and_return_zeros, "tried to write into its inputs"),
+        (double_a_through_a_pointer, "wrote into its input A"),
+        (zero_a_through_a_pointer_and_return_zeros, "wrote into its input A"),
+        (
+            double_a_on_the_second_call,
+            "wrote into its input A (inputs are read-only; a matmul must not change them) while it was timed",
+        ),
+    ],
+)
 def test_an_implementation_that_writes_into_its_inputs_fails_and_the_rows_after_it_do_not(monkeypatch, behaviour, said):
     name = register_writer(monkeypatch, behaviour)
     results = harness.compare(["16x8x12"], [name], ["float32"], min_time=0.001)
@@ -128,9 +147,21 @@ def test_an_experiment_reports_an_implementation_that_writes_into_its_inputs(mon
 
 
 # ---- one parser for switches ---------------------------------------------------------------------
-SPELLINGS = [("1", True), ("true", True), ("True", True), ("YES", True), ("on", True), (" On ", True),
-             ("0", False), ("false", False), ("False", False), ("no", False), ("NO", False), ("off", False),
-             ("Off", False)]
+SPELLINGS = [
+    ("1", True),
+    ("true", True),
+    ("True", True),
+    ("YES", True),
+    ("on", True),
+    (" On ", True),
+    ("0", False),
+    ("false", False),
+    ("False", False),
+    ("no", False),
+    ("NO", False),
+    ("off", False),
+    ("Off", False),
+]
 
 
 @pytest.mark.parametrize("value, meaning", SPELLINGS)
@@ -203,7 +234,7 @@ BAD_COMPARISONS = {
     "null": "null",
     "rows without names": '{"results": [{"status": "ok"}]}',
     "a speedup in words": '{"results": [{"implementation": "cuda.mma", "shape": "4096x4096x4096", '
-                          '"dtype": "bfloat16", "status": "ok", "median_s": 1.0, "speedup": "fast"}]}',
+    '"dtype": "bfloat16", "status": "ok", "median_s": 1.0, "speedup": "fast"}]}',
     "a machine that is a string": '{"results": [], "machine": "H200"}',
 }
 
@@ -252,15 +283,27 @@ def foreign_library(tmp_path_factory) -> Path:
         pytest.skip("no C compiler to build a stand-in library")
     folder = tmp_path_factory.mktemp("foreign")
     (folder / "foreign.c").write_text(
-        "#include <stdint.h>\nint64_t matmul_build_missing_isa(char *out, int64_t size) { if (size) out[0] = 0; return 0; }\n")
+        "#include <stdint.h>\nint64_t matmul_build_missing_isa(char *out, int64_t size) "
+        "{ if (size) out[0] = 0; return 0; }\n"
+    )
     library = folder / "libforeign.so"
     subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(folder / "foreign.c")], check=True)
     return library
 
 
 def test_a_c_library_without_our_functions_is_a_reported_fault_not_an_attribute_error(foreign_library, tmp_path):
-    done = run_cli("compare", "--shapes", "8", "--impls", "c.packed", "c.naive_ikj", "--no-progress",
-                   "--json", str(tmp_path / "r.json"), env={"MATMUL_C_LIBRARY": str(foreign_library)})
+    done = run_cli(
+        "compare",
+        "--shapes",
+        "8",
+        "--impls",
+        "c.packed",
+        "c.naive_ikj",
+        "--no-progress",
+        "--json",
+        str(tmp_path / "r.json"),
+        env={"MATMUL_C_LIBRARY": str(foreign_library)},
+    )
     assert "Traceback" not in done.stderr and "AttributeError" not in done.stdout + done.stderr
     assert done.returncode == 1, done.stdout + done.stderr
     rows = {row["implementation"]: row["status"] for row in json.loads((tmp_path / "r.json").read_text())["results"]}
@@ -273,8 +316,15 @@ def test_a_c_library_without_our_functions_is_a_reported_fault_not_an_attribute_
 
 
 def test_compare_exits_1_when_a_named_implementation_errs_and_only_the_baseline_ran():
-    done = run_cli("compare", "--shapes", "8", "--impls", "c.naive_ikj", "--no-progress",
-                   env={"MATMUL_C_LIBRARY": "/nonexistent/libmatmul.so"})
+    done = run_cli(
+        "compare",
+        "--shapes",
+        "8",
+        "--impls",
+        "c.naive_ikj",
+        "--no-progress",
+        env={"MATMUL_C_LIBRARY": "/nonexistent/libmatmul.so"},
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "numpy.matmul" in done.stdout and "error: cannot load the C library /nonexistent" in done.stdout
 
@@ -283,8 +333,16 @@ def test_an_implementation_this_machine_cannot_run_is_reported_not_failed(monkey
     monkeypatch.delenv("MATMUL_CUDA_EMULATE", raising=False)
     if harness.lookup("cuda.tiled").unavailable_reason() is None:
         pytest.skip("cuda.tiled runs here")
-    done = run_cli("compare", "--shapes", "8", "--impls", "c.naive_ikj", "cuda.tiled", "--no-progress",
-                   env={"MATMUL_CUDA_EMULATE": "0"})
+    done = run_cli(
+        "compare",
+        "--shapes",
+        "8",
+        "--impls",
+        "c.naive_ikj",
+        "cuda.tiled",
+        "--no-progress",
+        env={"MATMUL_CUDA_EMULATE": "0"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "not run here" in done.stdout and "cuda.tiled" in done.stdout
 
@@ -355,7 +413,7 @@ def small_results():
 
 @pytest.mark.parametrize("writer", ["to_json", "to_csv", "plot"])
 def test_a_full_disk_leaves_the_previous_file_whole_and_no_partial_one(monkeypatch, tmp_path, small_results, writer):
-    path = tmp_path / f"out.{ {'to_json': 'json', 'to_csv': 'csv', 'plot': 'png'}[writer]}"
+    path = tmp_path / f"out.{ {'to_json': 'json', 'to_csv': 'csv', 'plot': 'png'}[writer] }"
     getattr(small_results, writer)(path)
     before = path.read_bytes()
     disk_full(monkeypatch)
@@ -376,8 +434,9 @@ def test_compare_on_a_full_disk_says_so_without_a_traceback(monkeypatch, tmp_pat
     target = tmp_path / "r.json"
     target.write_text('{"kept": true}')
     disk_full(monkeypatch)
-    code, out, err = cli(capsys, "compare", "--shapes", "8", "--impls", "numpy.matmul", "--no-progress",
-                         "--json", str(target))
+    code, out, err = cli(
+        capsys, "compare", "--shapes", "8", "--impls", "numpy.matmul", "--no-progress", "--json", str(target)
+    )
     assert code == 1 and f"cannot write {target}: No space left on device" in err
     assert target.read_text() == '{"kept": true}' and leftovers(tmp_path) == []
 
@@ -401,7 +460,9 @@ def test_experiment_json_is_strict(tmp_path):
     from harness.experiments import common
 
     figure = common.pyplot().figure()
-    data = common.write(tmp_path, "strict", {"roof": float("inf"), "ratio": np.float32("nan"), "n": np.int64(3)}, figure)
+    data = common.write(
+        tmp_path, "strict", {"roof": float("inf"), "ratio": np.float32("nan"), "n": np.int64(3)}, figure
+    )
     text = (tmp_path / "strict.json").read_text()
     assert "Infinity" not in text and "NaN" not in text
     written = json.loads(text)
@@ -432,8 +493,11 @@ def test_a_read_only_out_folder_is_refused_before_anything_runs(tmp_path):
 
 
 # the roof cache: a per-user file every comparison reads
-MEASURED = {"float32": {"best": 100.0, "median": 95.0}, "float64": {"best": 50.0, "median": 48.0},
-            "read_gbps": {"best": 20.0, "median": 19.0}}
+MEASURED = {
+    "float32": {"best": 100.0, "median": 95.0},
+    "float64": {"best": 50.0, "median": 48.0},
+    "read_gbps": {"best": 20.0, "median": 19.0},
+}
 KEY = "a CPU | avx2 fma"
 
 
@@ -443,14 +507,27 @@ def roof_cache(monkeypatch, tmp_path) -> Path:
     return tmp_path / "matmul-reference" / "cpu-roofs.json"
 
 
-@pytest.mark.parametrize("text", [
-    "null", "[]", '"a string"', "{", "", "\x00\xff",
-    json.dumps({KEY: None}), json.dumps({KEY: []}), json.dumps({KEY: {"float32": "fast"}}),
-    json.dumps({KEY: {"float32": {"best": "1e9"}}}), json.dumps({KEY: {"float32": {"best": 1e30}}}),
-    f'{{"{KEY}": {{"float32": {{"best": Infinity}}}}}}', f'{{"{KEY}": {{"float32": {{"best": NaN}}}}}}',
-    json.dumps({KEY: {"float32": {"best": -5.0}}}), json.dumps({KEY: {"float32": {"best": True}}}),
-    json.dumps({KEY: {"float32": {"best": 200.0, "median": "x"}}}),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "null",
+        "[]",
+        '"a string"',
+        "{",
+        "",
+        "\x00\xff",
+        json.dumps({KEY: None}),
+        json.dumps({KEY: []}),
+        json.dumps({KEY: {"float32": "fast"}}),
+        json.dumps({KEY: {"float32": {"best": "1e9"}}}),
+        json.dumps({KEY: {"float32": {"best": 1e30}}}),
+        f'{{"{KEY}": {{"float32": {{"best": Infinity}}}}}}',
+        f'{{"{KEY}": {{"float32": {{"best": NaN}}}}}}',
+        json.dumps({KEY: {"float32": {"best": -5.0}}}),
+        json.dumps({KEY: {"float32": {"best": True}}}),
+        json.dumps({KEY: {"float32": {"best": 200.0, "median": "x"}}}),
+    ],
+)
 def test_a_malformed_roof_cache_is_treated_as_absent_and_rewritten(roof_cache, text):
     from harness import machine
 
@@ -484,8 +561,16 @@ for round in range(1, rounds + 1):
 def test_concurrent_writers_keep_every_entry_and_the_best_value(roof_cache):
     writers, rounds = 8, 15
     env = {**os.environ, "XDG_CACHE_HOME": str(roof_cache.parents[1])}
-    processes = [subprocess.Popen([sys.executable, "-c", CONCURRENT_WRITER, str(me), str(rounds)], cwd=ROOT, env=env,
-                                  stderr=subprocess.PIPE, text=True) for me in range(writers)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_WRITER, str(me), str(rounds)],
+            cwd=ROOT,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for me in range(writers)
+    ]
     for process in processes:
         assert process.wait(timeout=120) == 0, process.stderr.read()
     kept = json.loads(roof_cache.read_text())
@@ -592,8 +677,16 @@ def test_the_overrides_still_lift_a_time_refusal(monkeypatch):
 
 def test_compare_refuses_the_slow_interpreted_gemv_at_once_and_says_how_long():
     stand_in("triton.gemv")
-    done = run_cli("compare", "--shapes", "1x1000000x1", "--impls", "triton.gemv", "--no-progress",
-                   env={"MATMUL_ALLOW_SLOW": "0", "COLUMNS": "200"}, timeout=60)
+    done = run_cli(
+        "compare",
+        "--shapes",
+        "1x1000000x1",
+        "--impls",
+        "triton.gemv",
+        "--no-progress",
+        env={"MATMUL_ALLOW_SLOW": "0", "COLUMNS": "200"},
+        timeout=60,
+    )
     assert "Traceback" not in done.stderr
     assert "triton.gemv: runs interpreted on the CPU here and would take too long (about 6 minutes)" in done.stdout
     assert "--allow-slow" in done.stdout
@@ -632,8 +725,9 @@ def interrupt(process: subprocess.Popen, after_s: float) -> tuple[str, str]:
 def test_ctrl_c_interrupts_a_long_c_call_at_once():
     if harness.lookup("c.naive_ijk").unavailable_reason():
         pytest.skip(harness.lookup("c.naive_ijk").unavailable_reason())
-    process = subprocess.Popen([sys.executable, "-c", INTERRUPTED_CALL], cwd=ROOT, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_CALL], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert process.stdout.readline().strip() == "calling"
     out, err = interrupt(process, after_s=1.5)  # by then it is inside the C call
     assert out.strip() == "interrupted" and process.returncode == 130, err
@@ -642,10 +736,28 @@ def test_ctrl_c_interrupts_a_long_c_call_at_once():
 def test_ctrl_c_during_compare_exits_130_with_a_message_and_writes_nothing(tmp_path):
     if harness.lookup("c.naive_ijk").unavailable_reason():
         pytest.skip(harness.lookup("c.naive_ijk").unavailable_reason())
-    process = subprocess.Popen([sys.executable, "-m", "harness", "compare", "--shapes", "2048", "--impls", "c.naive_ijk",
-                                "--no-baseline", "--no-progress", "--json", str(tmp_path / "r.json"),
-                                "--plot", str(tmp_path / "r.png")],
-                               cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "compare",
+            "--shapes",
+            "2048",
+            "--impls",
+            "c.naive_ijk",
+            "--no-baseline",
+            "--no-progress",
+            "--json",
+            str(tmp_path / "r.json"),
+            "--plot",
+            str(tmp_path / "r.png"),
+        ],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = interrupt(process, after_s=4)
     assert process.returncode == 130, out + err
     assert "interrupted (Ctrl-C)" in err and "Traceback" not in err
@@ -665,7 +777,9 @@ def test_long_c_calls_and_only_long_ones_take_the_interruptible_path(monkeypatch
 
     calls = []
     original = c.call_interruptibly
-    monkeypatch.setattr(c, "call_interruptibly", lambda function, args: calls.append(args[3:6]) or original(function, args))
+    monkeypatch.setattr(
+        c, "call_interruptibly", lambda function, args: calls.append(args[3:6]) or original(function, args)
+    )
     backend = harness.lookup("c.naive_ikj").backend
     small = harness.make_inputs(16, "float32")
     harness.get("c.naive_ikj")(*small)

@@ -10,6 +10,7 @@ Opcodes are matched on their base and modifiers in any order (``LDG`` with ``128
 not fail a check that still holds. The last tests compile kernels built to fail the checks,
 so that a check which can never fail would be noticed.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,20 +19,23 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+import triton_aot
 
 from harness import sass
 from harness.backends.cuda import resources, toolkit
 from harness.sources import source_path
-
-import triton_aot
 
 CUDA_SOURCES = toolkit.cuda_sources()
 ARCHS = ("sm_80", "sm_90")
 # A source for one architecture only says so (wgmma.cu: `// @archs sm_90a`).
 CUDA_BUILDS = [(source, arch) for source in CUDA_SOURCES for arch in toolkit.archs_for(source, ARCHS)]
 
-needs_nvcc_and_cuobjdump = pytest.mark.skipif(sass.unavailable_reason() is not None, reason=str(sass.unavailable_reason()))
-needs_cuobjdump = pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not found: " + str(sass.unavailable_reason()))
+needs_nvcc_and_cuobjdump = pytest.mark.skipif(
+    sass.unavailable_reason() is not None, reason=str(sass.unavailable_reason())
+)
+needs_cuobjdump = pytest.mark.skipif(
+    sass.cuobjdump() is None, reason="cuobjdump not found: " + str(sass.unavailable_reason())
+)
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 
 
@@ -85,8 +89,10 @@ CUOBJDUMP_OUTPUT = """
 
 def test_parse_sass():
     kernels = sass.parse_sass(CUOBJDUMP_OUTPUT)
-    assert kernels == {"first": ["LDC R1, c[0x0][0x28]", "@!P0 LDG.E.128.CONSTANT R4, desc[UR6][R2.64]", "STL [R1+0x4], R2"],
-                       "second": ["LDSM.16.MT88.4 R8, [R12]", "EXIT"]}
+    assert kernels == {
+        "first": ["LDC R1, c[0x0][0x28]", "@!P0 LDG.E.128.CONSTANT R4, desc[UR6][R2.64]", "STL [R1+0x4], R2"],
+        "second": ["LDSM.16.MT88.4 R8, [R12]", "EXIT"],
+    }
     first = kernels["first"]
     assert sass.opcodes(first) == {"LDC": 1, "LDG.E.128.CONSTANT": 1, "STL": 1}
     assert sass.find(first, "LDG", "128") == [1] and sass.find(first, "LDG", "128", "EF") == []
@@ -134,8 +140,10 @@ def test_wmma_uses_ldmatrix_and_tensor_cores(kernel, arch):
     # What the BF16 kernel compiled to before its fragments were loaded through inline PTX:
     # generic loads (LD, not LDS) and a MOVM transpose per register of B (see cuda/wmma.cu).
     generic = sass.find(instructions, "LD") + sass.find(instructions, "MOVM")
-    assert not generic, (f"{where}: expected no generic LD or MOVM (fragment loads that missed ldmatrix), "
-                         f"found {len(generic)}:\n{sass.excerpt(instructions, sorted(generic))}")
+    assert not generic, (
+        f"{where}: expected no generic LD or MOVM (fragment loads that missed ldmatrix), "
+        f"found {len(generic)}:\n{sass.excerpt(instructions, sorted(generic))}"
+    )
 
 
 @needs_nvcc_and_cuobjdump
@@ -151,7 +159,9 @@ def test_mma_uses_cp_async_ldmatrix_and_mma_sync(kernel, arch):
     if kernel == "mma_bf16":
         expect(instructions, where, "HMMA", "16816", "BF16", why="BF16 inputs")
     generic = sass.find(instructions, "LD") + sass.find(instructions, "MOVM")
-    assert not generic, f"{where}: expected no generic LD or MOVM, found:\n{sass.excerpt(instructions, sorted(generic))}"
+    assert not generic, (
+        f"{where}: expected no generic LD or MOVM, found:\n{sass.excerpt(instructions, sorted(generic))}"
+    )
 
 
 @needs_nvcc_and_cuobjdump
@@ -170,7 +180,9 @@ def test_wgmma_uses_tma_wgmma_mbarriers_and_setmaxnreg(kernel):
     expect(instructions, where, "USETMAXREG", "TRY_ALLOC", why="setmaxnreg.inc in the consumer warp groups")
     # No operand goes through registers on its way to the tensor cores: no LDSM, no HMMA.
     for base in ("LDSM", "HMMA", "LDGSTS"):
-        assert not sass.find(instructions, base), f"{where}: unexpected {base}:\n{sass.excerpt(instructions, sass.find(instructions, base))}"
+        assert not sass.find(instructions, base), (
+            f"{where}: unexpected {base}:\n{sass.excerpt(instructions, sass.find(instructions, base))}"
+        )
     expect_no_spills(instructions, where)
 
 
@@ -211,7 +223,8 @@ def test_wgmma_sass_has_the_sources_wait_counts_register_budget_and_b_transpose(
     waits = sorted(set(_template_arguments(text, "wgmma_wait_group")))
     assert sorted(set(_immediates(instructions, "WARPGROUP", "DEPBAR", "LE"))) == waits, (
         f"{where}: wgmma.wait_group counts in the SASS differ from the source's {waits}:\n"
-        + sass.excerpt(instructions, sass.find(instructions, "WARPGROUP", "DEPBAR")))
+        + sass.excerpt(instructions, sass.find(instructions, "WARPGROUP", "DEPBAR"))
+    )
     (dec,) = _template_arguments(text, "setmaxnreg_dec")
     (inc,) = _template_arguments(text, "setmaxnreg_inc")
     assert _immediates(instructions, "USETMAXREG", "DEALLOC") == [dec], f"{where}: setmaxnreg.dec {dec}"
@@ -220,7 +233,8 @@ def test_wgmma_sass_has_the_sources_wait_counts_register_budget_and_b_transpose(
     # Every wgmma reads B MN-major (tnspB) and A K-major (no tnspA), as the descriptors say.
     hgmma = sass.find(instructions, "HGMMA")
     assert hgmma and all("tnspB" in instructions[i] and "tnspA" not in instructions[i] for i in hgmma), (
-        f"{where}: expected every HGMMA with .tnspB and none with .tnspA:\n{sass.excerpt(instructions, hgmma)}")
+        f"{where}: expected every HGMMA with .tnspB and none with .tnspA:\n{sass.excerpt(instructions, hgmma)}"
+    )
     # wgmma.fence (WARPGROUP.ARRIVE) before the first wgmma
     arrive = sass.find(instructions, "WARPGROUP", "ARRIVE")
     assert arrive and arrive[0] < hgmma[0], f"{where}: no wgmma.fence before the first wgmma"
@@ -236,7 +250,7 @@ def test_wgmma_register_budget_balances_within_the_register_file():
     defines = _defines(text)
     consumers = int(defines["CONSUMERS"])
     threads = 128 * (consumers + 1)
-    assert f"__launch_bounds__(THREADS, 1)" in text and defines["THREADS"].startswith("(128")
+    assert "__launch_bounds__(THREADS, 1)" in text and defines["THREADS"].startswith("(128")
     (dec,) = _template_arguments(text, "setmaxnreg_dec")
     (inc,) = _template_arguments(text, "setmaxnreg_inc")
     needed = 128 * dec + 128 * consumers * inc
@@ -247,7 +261,8 @@ def test_wgmma_register_budget_balances_within_the_register_file():
         assert dec <= kernel.registers <= inc, (kernel.kernel, kernel.registers, dec, inc)
         assert allocated >= needed, (
             f"{kernel.kernel}: ptxas gave {kernel.registers} registers x {threads} threads = {allocated}, but the "
-            f"producer's {dec} and the consumers' {inc} need {needed}: setmaxnreg.inc would never be granted")
+            f"producer's {dec} and the consumers' {inc} need {needed}: setmaxnreg.inc would never be granted"
+        )
 
 
 REGISTER_FILE = 65536  # 32-bit registers per SM on sm_80 and sm_90
@@ -263,7 +278,8 @@ def test_mma_sass_has_the_sources_cp_async_groups_and_wait_counts(kernel, arch):
     # cp.async.cg with 16 bytes: L2 only (BYPASS), 128-bit, zero-filling the part past src_bytes
     copies = sass.find(instructions, "LDGSTS")
     assert copies and all(".BYPASS.128" in instructions[i] for i in copies), (
-        f"{where}: expected every LDGSTS as .BYPASS.128 (cp.async.cg, 16 bytes):\n{sass.excerpt(instructions, copies)}")
+        f"{where}: expected every LDGSTS as .BYPASS.128 (cp.async.cg, 16 bytes):\n{sass.excerpt(instructions, copies)}"
+    )
     assert sass.find(instructions, "LDGDEPBAR"), f"{where}: no LDGDEPBAR: cp.async.commit_group emitted nothing"
     waits = sorted(set(_template_arguments(text, "cp_async_wait_group")))
     found = sorted(set(_immediates(instructions, "DEPBAR", "LE")))
@@ -280,9 +296,23 @@ def test_the_progress_build_keeps_the_register_budget_and_the_measured_build_has
 
     from harness.backends.cuda import resources, toolkit
 
-    done = subprocess.run([toolkit.nvcc(), *toolkit.NVCC_OPTIONS, f"-arch={arch}", "-cubin", "--ptxas-options=-v",
-                           "-DMATMUL_PROGRESS", "-I", str(source_path("cuda")), "-o", "/dev/null", str(source_path(source))],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            toolkit.nvcc(),
+            *toolkit.NVCC_OPTIONS,
+            f"-arch={arch}",
+            "-cubin",
+            "--ptxas-options=-v",
+            "-DMATMUL_PROGRESS",
+            "-I",
+            str(source_path("cuda")),
+            "-o",
+            "/dev/null",
+            str(source_path(source)),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     progress = {k.kernel: k for k in resources.parse_ptxas(done.stdout + done.stderr, source, arch)}
     measured = {k.kernel: k for k in resources.compile_with_ptxas(source, arch)[0]}
@@ -291,7 +321,7 @@ def test_the_progress_build_keeps_the_register_budget_and_the_measured_build_has
         assert kernel.spill_stores == 0 and kernel.spill_loads == 0, kernel
         if source.endswith("wgmma.cu"):
             assert kernel.registers == measured[name].registers == 168, (kernel, measured[name])
-    for name, instructions in cuda_kernels(source, arch).items():
+    for _name, instructions in cuda_kernels(source, arch).items():
         assert not any("matmul_progress" in i for i in instructions)
     assert "MATMUL_PROGRESS_MARK" in source_path(source).read_text()
 
@@ -299,7 +329,9 @@ def test_the_progress_build_keeps_the_register_budget_and_the_measured_build_has
 def test_template_arguments_are_read_with_the_files_constants():
     text = "#define STAGES 4\nptx::cp_async_wait_group<STAGES - 2>();\nptx::cp_async_wait_group<0>();\n"
     assert _template_arguments(text, "cp_async_wait_group") == [2, 0]
-    assert _immediates(["WARPGROUP.DEPBAR.LE gsb0, 0x1", "DEPBAR.LE SB0, 0x3", "WARPGROUP.ARRIVE"], "DEPBAR", "LE") == [3]
+    assert _immediates(["WARPGROUP.DEPBAR.LE gsb0, 0x1", "DEPBAR.LE SB0, 0x3", "WARPGROUP.ARRIVE"], "DEPBAR", "LE") == [
+        3
+    ]
 
 
 @needs_nvcc_and_cuobjdump
@@ -323,13 +355,17 @@ def triton_kernels(*requests) -> list[triton_aot.Compiled]:
 
 def triton_sass(compiled: triton_aot.Compiled) -> list[str]:
     kernels = sass.cubin_sass(compiled.cubin)
-    assert len(kernels) == 1, f"{compiled.name} on {compiled.arch}: expected one kernel in the cubin, got {list(kernels)}"
+    assert len(kernels) == 1, (
+        f"{compiled.name} on {compiled.arch}: expected one kernel in the cubin, got {list(kernels)}"
+    )
     return next(iter(kernels.values()))
 
 
 # What Triton should make of tl.dot in half precision: wgmma on Hopper, mma.sync on Ampere.
-TENSOR_CORE = {90: ("HGMMA", "warpgroup MMAs (wgmma) on Hopper's tensor cores"),
-               80: ("HMMA", "warp-level mma.sync on the tensor cores")}
+TENSOR_CORE = {
+    90: ("HGMMA", "warpgroup MMAs (wgmma) on Hopper's tensor cores"),
+    80: ("HMMA", "warp-level mma.sync on the tensor cores"),
+}
 
 
 @needs_cuobjdump
@@ -348,9 +384,14 @@ def test_triton_matmul_uses_tensor_cores(dtype, sm):
 
 
 # One config per kernel, dtype and architecture; every config is in the slow test below.
-TRITON_DEFAULT_SET = [("matmul", "fp32", 90, "first"), ("matmul", "fp32", 80, "every"),
-                      ("gemv", "bf16", 90, "first"), ("gemv", "fp16", 90, "first"), ("gemv", "fp32", 90, "first"),
-                      ("gemv", "bf16", 80, "first")]
+TRITON_DEFAULT_SET = [
+    ("matmul", "fp32", 90, "first"),
+    ("matmul", "fp32", 80, "every"),
+    ("gemv", "bf16", 90, "first"),
+    ("gemv", "fp16", 90, "first"),
+    ("gemv", "fp32", 90, "first"),
+    ("gemv", "bf16", 80, "first"),
+]
 
 
 @needs_cuobjdump
@@ -376,7 +417,8 @@ def test_every_triton_autotune_config_fits_and_does_not_spill():
         expect_no_spills(triton_sass(compiled), where)
         assert compiled.shared <= triton_aot.SHARED_MEMORY[compiled.sm], (
             f"{where}: uses {compiled.shared} bytes of shared memory, more than the "
-            f"{triton_aot.SHARED_MEMORY[compiled.sm]} the pruning assumed")
+            f"{triton_aot.SHARED_MEMORY[compiled.sm]} the pruning assumed"
+        )
 
 
 @needs_cuobjdump
@@ -386,7 +428,8 @@ def test_triton_gemv_stage_count_changes_nothing():
     one, four = triton_kernels(("gemv", "bf16", 90, 0, 1), ("gemv", "bf16", 90, 0, 4))
     assert triton_sass(one) == triton_sass(four), (
         f"Triton {one.name} and {four.name} on sm_90 differ: the stage count now changes the GEMV, "
-        "so num_stages may be worth tuning again in triton/gemv.py")
+        "so num_stages may be worth tuning again in triton/gemv.py"
+    )
 
 
 # triton/matmul_tma.py: every Hopper config it autotunes over, BF16, and the first in FP16.
@@ -400,12 +443,18 @@ def test_triton_tma_matmul_uses_tma_and_wgmma_without_spills():
         instructions, where = triton_sass(compiled), f"Triton {compiled.name} on {compiled.arch}"
         expect(instructions, where, "UTMALDG", why="A and B blocks loaded by TMA through the tensor descriptors")
         expect(instructions, where, "UTMASTG", why="C tiles stored by TMA through the descriptor")
-        expect(instructions, where, "HGMMA", *(["BF16"] if compiled.dtype == "bf16" else []),
-               why="warpgroup MMAs (wgmma) fed from shared memory")
+        expect(
+            instructions,
+            where,
+            "HGMMA",
+            *(["BF16"] if compiled.dtype == "bf16" else []),
+            why="warpgroup MMAs (wgmma) fed from shared memory",
+        )
         expect_no_spills(instructions, where)
         assert compiled.shared <= triton_aot.SHARED_MEMORY[compiled.sm], (
             f"{where}: uses {compiled.shared} bytes of shared memory, more than the "
-            f"{triton_aot.SHARED_MEMORY[compiled.sm]} of an H100/H200")
+            f"{triton_aot.SHARED_MEMORY[compiled.sm]} of an H100/H200"
+        )
 
 
 @needs_cuobjdump
@@ -417,12 +466,14 @@ def test_triton_tma_matmul_on_ampere_would_not_use_tma():
     (compiled,) = triton_kernels(("matmul_tma", "bf16", 80, 3))
     instructions = triton_sass(compiled)
     assert not sass.find(instructions, "UTMALDG"), f"Triton {compiled.name} on sm_80 has TMA loads: revisit the refusal"
-    assert compiled.shared < 64 * 1024, f"Triton {compiled.name} on sm_80 now pipelines ({compiled.shared} bytes): revisit"
+    assert compiled.shared < 64 * 1024, (
+        f"Triton {compiled.name} on sm_80 now pipelines ({compiled.shared} bytes): revisit"
+    )
     expect(instructions, f"Triton {compiled.name} on sm_80", "HMMA", why="tl.dot still on the tensor cores")
 
 
 # ---- the checks can fail -----------------------------------------------------------------------------------
-SPILLING_KERNEL = r'''
+SPILLING_KERNEL = r"""
 // An array indexed at run time cannot live in registers, and 16 registers are too few anyway.
 extern "C" __global__ void forced_to_spill(float* out, const int* index, int n)
 {
@@ -430,9 +481,9 @@ extern "C" __global__ void forced_to_spill(float* out, const int* index, int n)
     for (int i = 0; i < 64; ++i) scratch[i] = out[i * n + threadIdx.x] * 2.f;
     out[threadIdx.x] = scratch[index[threadIdx.x] & 63];
 }
-'''
+"""
 
-SCALAR_KERNEL = r'''
+SCALAR_KERNEL = r"""
 extern "C" __global__ void scalar_copy(const float* __restrict__ in, float* __restrict__ out, int n)
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -443,7 +494,7 @@ extern "C" __global__ void vector_copy(const float4* __restrict__ in, float4* __
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = in[i];
 }
-'''
+"""
 
 
 @needs_nvcc_and_cuobjdump

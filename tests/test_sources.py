@@ -1,4 +1,5 @@
 """Edited sources take effect: Python sources reload, a stale C library is rebuilt."""
+
 from __future__ import annotations
 
 import os
@@ -116,17 +117,24 @@ def _c_folder(tmp_path, files: dict[str, str]):
 def test_a_file_that_includes_real_h_exports_each_marked_function_once_per_type(tmp_path):
     from harness import call_glue
 
-    folder = _c_folder(tmp_path, {"mine.c": (
-        '#include "matmul.h"\n#include "real.h"\n'
-        "static void helper(void) {}\n"
-        "/* MATMUL_API in a comment is not a mark */\n"
-        "MATMUL_API int TYPED(matmul_mine)(const real *restrict A, const real *B, real *C,\n"
-        "                                  int64_t M, int64_t N, int64_t K, int64_t tile) { return 0; }\n"
-        "#if X\nMATMUL_API double matmul_mine_clock(void) { return 1; }\n"
-        "#else\nMATMUL_API double matmul_mine_clock(void) { return 2; }\n#endif\n")})
+    folder = _c_folder(
+        tmp_path,
+        {
+            "mine.c": (
+                '#include "matmul.h"\n#include "real.h"\n'
+                "static void helper(void) {}\n"
+                "/* MATMUL_API in a comment is not a mark */\n"
+                "MATMUL_API int TYPED(matmul_mine)(const real *restrict A, const real *B, real *C,\n"
+                "                                  int64_t M, int64_t N, int64_t K, int64_t tile) { return 0; }\n"
+                "#if X\nMATMUL_API double matmul_mine_clock(void) { return 1; }\n"
+                "#else\nMATMUL_API double matmul_mine_clock(void) { return 2; }\n#endif\n"
+            )
+        },
+    )
     assert call_glue.cdef_from_sources(folder).splitlines() == [
         "int matmul_mine_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K, int64_t tile);",
-        "int matmul_mine_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K, int64_t tile);",
+        "int matmul_mine_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K, int64_t "
+        "tile);",
         "double matmul_mine_clock(void);",
     ]
     import cffi
@@ -137,11 +145,16 @@ def test_a_file_that_includes_real_h_exports_each_marked_function_once_per_type(
 def test_a_function_marked_in_two_files_is_a_clear_error(tmp_path, monkeypatch):
     from harness import call_glue
 
-    folder = _c_folder(tmp_path, {
-        "first.c": '#include "real.h"\nMATMUL_API void TYPED(matmul_twice)(const real *A) {}\n',
-        "second.c": "MATMUL_API void matmul_twice_f32(const float *A) {}\n",
-    })
-    with pytest.raises(call_glue.DeclarationError, match=r"matmul_twice_f32 is marked MATMUL_API in both c/first.c and c/second.c"):
+    folder = _c_folder(
+        tmp_path,
+        {
+            "first.c": '#include "real.h"\nMATMUL_API void TYPED(matmul_twice)(const real *A) {}\n',
+            "second.c": "MATMUL_API void matmul_twice_f32(const float *A) {}\n",
+        },
+    )
+    with pytest.raises(
+        call_glue.DeclarationError, match=r"matmul_twice_f32 is marked MATMUL_API in both c/first.c and c/second.c"
+    ):
         call_glue.exported_functions(folder)
     monkeypatch.setattr(sources, "source_path", lambda relative: tmp_path / relative)
     with pytest.raises(clib.CLibraryError, match=r"c/first.c and c/second.c"):

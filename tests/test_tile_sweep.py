@@ -1,4 +1,5 @@
 """Exercise C as a command: the tile sweep writes its numbers and its plot, from Python and the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,9 @@ def test_bad_tiles_are_refused(tmp_path):
 
 
 def test_cli_command(tmp_path, capsys):
-    assert main(["tile-sweep", "--shape", "64", "--tiles", "8", "32", "--min-time", "0.01", "--out", str(tmp_path)]) == 0
+    assert (
+        main(["tile-sweep", "--shape", "64", "--tiles", "8", "32", "--min-time", "0.01", "--out", str(tmp_path)]) == 0
+    )
     out = capsys.readouterr().out
     assert "tile    8" in out and "numpy.matmul" in out and "best tile" in out
     assert (tmp_path / "tile-sweep.json").is_file() and (tmp_path / "tile-sweep.png").is_file()
@@ -58,8 +61,9 @@ def test_blocked_is_right_at_every_tile_from_1_to_70(dtype):
 
 
 def test_cache_sizes_are_read_per_level(tmp_path):
-    for index, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"),
-                                                 (2, "Unified", "2048K"), (3, "Unified", "105M")]):
+    for index, (level, kind, size) in enumerate(
+        [(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"), (3, "Unified", "105M")]
+    ):
         entry = tmp_path / f"index{index}"
         entry.mkdir()
         (entry / "level").write_text(f"{level}\n")
@@ -81,9 +85,21 @@ def _sweep_data(caches):
     shape = harness.Shape(1024, 1024, 1024)
     gflops = {8: 20.0, 64: 23.0, 256: 25.0, 1024: 5.0}
     return {
-        "shape": str(shape), "dtype": "float32", "threads": 1, "best_tile": 256, "caches": caches,
-        "sweep": [{"tile": t, "status": "ok", "gflops": g, "shape": str(shape),
-                   "b_tile_bytes": tile_sweep.b_tile_bytes(t, shape, 4)} for t, g in gflops.items()],
+        "shape": str(shape),
+        "dtype": "float32",
+        "threads": 1,
+        "best_tile": 256,
+        "caches": caches,
+        "sweep": [
+            {
+                "tile": t,
+                "status": "ok",
+                "gflops": g,
+                "shape": str(shape),
+                "b_tile_bytes": tile_sweep.b_tile_bytes(t, shape, 4),
+            }
+            for t, g in gflops.items()
+        ],
         "lines": [{"implementation": "c.naive_ikj", "status": "ok", "gflops": 10.0, "shape": str(shape)}],
     }
 

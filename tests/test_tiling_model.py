@@ -1,4 +1,5 @@
 """The chapter-12 CPU model of the tiled kernel: its product and its load count."""
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,7 @@ def test_counts_by_hand_for_one_tile():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.arange(12, dtype=np.float32).reshape(3, 4)
     c, loads = tiling.tiled_matmul(a, b, tile=4)
-    assert loads == a.size + b.size   # one block, one phase: everything loaded once
+    assert loads == a.size + b.size  # one block, one phase: everything loaded once
     np.testing.assert_array_equal(c, a @ b)
 
 

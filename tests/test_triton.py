@@ -5,16 +5,18 @@ when it is imported, before Triton is), with small blocks and small shapes becau
 interpreter is slow. With a GPU the same tests run natively; the large shapes, the autotuner
 and the speed targets are in test_triton_gpu.py.
 """
+
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import harness  # first: it chooses the interpreter before anything imports triton
 import numpy as np
 import pytest
 import triton_aot
+
+import harness  # first: it chooses the interpreter before anything imports triton
 from harness import MatmulInputError, check, make_inputs, sass
 from harness.backends import triton_kernels
 
@@ -203,9 +205,15 @@ def test_triton_imported_first_is_reported_not_run_wrongly():
 # the compiler does not), one that lost its tensor-core path or its 16-byte loads, and register
 # spills, which show in the SASS as local-memory stores and loads (STL/LDL); cuobjdump's LOCAL
 # count does not see them. tests/test_sass.py checks more of the SASS.
-AOT_BUILDS = [("matmul", "fp16", 90, "first"), ("matmul", "bf16", 90, "first"), ("matmul", "bf16", 80, "first"),
-              ("matmul", "fp32", 90, "first"), ("gemv", "bf16", 90, 2), ("gemv", "fp16", 80, 1),
-              ("matmul_tma", "bf16", 90, "first")]
+AOT_BUILDS = [
+    ("matmul", "fp16", 90, "first"),
+    ("matmul", "bf16", 90, "first"),
+    ("matmul", "bf16", 80, "first"),
+    ("matmul", "fp32", 90, "first"),
+    ("gemv", "bf16", 90, 2),
+    ("gemv", "fp16", 80, 1),
+    ("matmul_tma", "bf16", 90, "first"),
+]
 
 
 def test_kernels_compile_for_hopper_and_ampere():
@@ -232,17 +240,20 @@ def test_kernels_compile_for_hopper_and_ampere():
 def test_autotune_configs_pruned_to_shared_memory(matmul_source, monkeypatch):
     # Half precision keeps every config; FP32 (twice the bytes, and FMAs with every operand in
     # registers) keeps the configs with BLOCK_K = 32 and at most 64 accumulators per thread.
-    for limit, configs, fp32_kept in [(232448, matmul_source.HOPPER_CONFIGS, 5),  # H100/H200: 227 KiB per block
-                                      (166912, matmul_source.AMPERE_CONFIGS, 4)]:  # A100: 163 KiB
-        monkeypatch.setattr(matmul_source, "_shared_memory_limit", lambda index: limit)
+    for limit, configs, fp32_kept in [
+        (232448, matmul_source.HOPPER_CONFIGS, 5),  # H100/H200: 227 KiB per block
+        (166912, matmul_source.AMPERE_CONFIGS, 4),
+    ]:  # A100: 163 KiB
+        monkeypatch.setattr(matmul_source, "_shared_memory_limit", lambda index, limit=limit: limit)
         for dtype, expected in [("float16", len(configs)), ("bfloat16", len(configs)), ("float32", fp32_kept)]:
             kept = matmul_source._prune_configs(configs, {"a_ptr": tensor((2, 2), dtype)})
             assert len(kept) == expected, (limit, dtype, [(c.kwargs, c.num_warps, c.num_stages) for c in kept])
         fp32 = matmul_source._prune_configs(configs, {"a_ptr": tensor((2, 2), "float32")}, INPUT_PRECISION="ieee")
         assert all(matmul_source._accumulators_per_thread(c) <= matmul_source.FP32_ACCUMULATORS for c in fp32)
     # TF32 runs on the tensor cores: the register limit is for FP32 FMAs only.
-    tf32 = matmul_source._prune_configs(matmul_source.AMPERE_CONFIGS, {"a_ptr": tensor((2, 2), "float32")},
-                                        INPUT_PRECISION="tf32")
+    tf32 = matmul_source._prune_configs(
+        matmul_source.AMPERE_CONFIGS, {"a_ptr": tensor((2, 2), "float32")}, INPUT_PRECISION="tf32"
+    )
     assert any(matmul_source._accumulators_per_thread(c) > matmul_source.FP32_ACCUMULATORS for c in tf32)
     monkeypatch.setattr(matmul_source, "_shared_memory_limit", lambda index: 1024)  # nothing fits: keep the smallest
     assert len(matmul_source._prune_configs(matmul_source.AMPERE_CONFIGS, {"a_ptr": tensor((2, 2), "float32")})) == 1
@@ -319,7 +330,7 @@ def test_matmul_tma_transposed_and_strided_inputs(tma_source, dtype):
     m, n, k = 40, 50, 36
     a_t, b_t, wide = tensor((k, m), dtype, 16), tensor((n, k), dtype, 17), tensor((m, 2 * k), dtype, 18)
     before = [t.clone() for t in (a_t, b_t, wide)]
-    for a, b in [(a_t.T, b_t.T), (wide[:, ::2], b_t.T.contiguous()), (wide[:, 1:k + 1], b_t.T)]:
+    for a, b in [(a_t.T, b_t.T), (wide[:, ::2], b_t.T.contiguous()), (wide[:, 1 : k + 1], b_t.T)]:
         assert_close(tma_source.matmul_tma(a, b), a, b)
     assert all(torch.equal(t, u) for t, u in zip((a_t, b_t, wide), before))  # inputs untouched
 
@@ -408,14 +419,23 @@ def _strict_matmul(module, shape: str, dtype: str):
 
 STRICT_MUTANTS = {
     # masked-off lanes of B's K tail read as NaN instead of the interpreter's zeros
-    "k tail without other": ("b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
-                             "b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left)", "NaN"),
+    "k tail without other": (
+        "b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
+        "b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left)",
+        "NaN",
+    ),
     # rows past M read past A's storage: an out-of-bounds load, not whatever lies there
-    "rows past M not wrapped": ("offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M",
-                                "offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "out-of-bounds load"),
+    "rows past M not wrapped": (
+        "offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M",
+        "offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "out-of-bounds load",
+    ),
     # FP32 multiplied in TF32, as the tensor cores would: outside the FP32 tolerance
-    "fp32 as tf32": ('"INPUT_PRECISION": "tf32" if (dtype != torch.float32 or allow_tf32) else "ieee",',
-                     '"INPUT_PRECISION": "tf32",', "wrong"),
+    "fp32 as tf32": (
+        '"INPUT_PRECISION": "tf32" if (dtype != torch.float32 or allow_tf32) else "ieee",',
+        '"INPUT_PRECISION": "tf32",',
+        "wrong",
+    ),
 }
 
 

@@ -2,6 +2,7 @@
 and does not fail right answers, a build that cannot wedge, and honest exit codes and files.
 
 Each case here was a way to get a wrong answer, a wrong verdict or a wedged checkout."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ C_KERNELS = [impl.name for impl in harness.implementations("c.*")]
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )
 
 
 # ---- inputs that cannot be misread ---------------------------------------------------------------
@@ -128,8 +130,17 @@ def wrong_kernels(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("k", [64, 512, 4096])
-@pytest.mark.parametrize("kind", ["dropped k term", "transposed output", "shifted output", "one element off",
-                                  "rounded through float16", "TF32 for FP32"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "dropped k term",
+        "transposed output",
+        "shifted output",
+        "one element off",
+        "rounded through float16",
+        "TF32 for FP32",
+    ],
+)
 def test_the_classic_wrong_kernels_fail(kind, k):
     a, b = harness.make_inputs(f"48x48x{k}", "float32", seed=k)
     result = wrong_kernels(a, b)[kind].astype(np.float32)
@@ -265,8 +276,9 @@ def test_the_library_is_called_through_the_compiled_glue_and_dlopen_still_works(
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.arange(12, dtype=np.float32).reshape(3, 4)
     c = np.empty((2, 4), np.float32)
-    lib.matmul_naive_ikj_f32(ffi.from_buffer("float[]", a), ffi.from_buffer("float[]", b),
-                             ffi.from_buffer("float[]", c), 2, 4, 3)
+    lib.matmul_naive_ikj_f32(
+        ffi.from_buffer("float[]", a), ffi.from_buffer("float[]", b), ffi.from_buffer("float[]", c), 2, 4, 3
+    )
     np.testing.assert_array_equal(c, a @ b)
 
 

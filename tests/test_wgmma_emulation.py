@@ -12,6 +12,7 @@ Expected values here are written from the ISA's rules, independently of the emul
 Then cuda/wgmma.cu with a wrong descriptor (stride byte offset, swizzle mode) must compute wrong
 results, and a persistent block that walks several tiles must not.
 """
+
 from __future__ import annotations
 
 import ml_dtypes
@@ -23,8 +24,9 @@ from harness.backends.cuda import emulation, plans
 from harness.inputs import Shape
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(emulation.emulation_unavailable_reason() is not None,
-                                reason=str(emulation.emulation_unavailable_reason()))
+pytestmark = pytest.mark.skipif(
+    emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
+)
 
 PRELUDE = '#include <cuda_bf16.h>\n#include "ptx.h"\n'
 
@@ -38,7 +40,7 @@ def _aligned(array: np.ndarray) -> np.ndarray:
 
 
 # ---- descriptors ----------------------------------------------------------------------------------
-DESCRIPTOR_KERNEL = r'''
+DESCRIPTOR_KERNEL = r"""
 extern "C" __global__ void descriptors(unsigned long long* out)
 {
     out[0] = ptx::wgmma_descriptor(0x12340, 16, 1024, ptx::kSwizzle128B);
@@ -46,7 +48,7 @@ extern "C" __global__ void descriptors(unsigned long long* out)
     out[2] = ptx::wgmma_descriptor(0x40000 + 0x400, 8192, 1024, ptx::kSwizzle32B);  // bit 18 and up: not an offset
     out[3] = ptx::wgmma_descriptor(0x100, 128, 256, ptx::kSwizzleNone);
 }
-'''
+"""
 
 
 def _isa_descriptor(address, lbo, sbo, mode):
@@ -55,17 +57,22 @@ def _isa_descriptor(address, lbo, sbo, mode):
 
 def test_descriptor_bit_layout():
     out = np.zeros(4, dtype=np.uint64)
-    _library(DESCRIPTOR_KERNEL, "descriptors").launch(plans.Launch("descriptors", (1, 1, 1), (1, 1, 1), ("A",), "P"),
-                                                      {"A": out.ctypes.data})
-    expected = [_isa_descriptor(0x12340, 16, 1024, 1), _isa_descriptor(0x3fff0, 0x3fff0, 0x3fff0, 2),
-                _isa_descriptor(0x400, 8192, 1024, 3), _isa_descriptor(0x100, 128, 256, 0)]
+    _library(DESCRIPTOR_KERNEL, "descriptors").launch(
+        plans.Launch("descriptors", (1, 1, 1), (1, 1, 1), ("A",), "P"), {"A": out.ctypes.data}
+    )
+    expected = [
+        _isa_descriptor(0x12340, 16, 1024, 1),
+        _isa_descriptor(0x3FFF0, 0x3FFF0, 0x3FFF0, 2),
+        _isa_descriptor(0x400, 8192, 1024, 3),
+        _isa_descriptor(0x100, 128, 256, 0),
+    ]
     assert [hex(v) for v in out.tolist()] == [hex(v) for v in expected]
-    assert int(out[0]) & 0x3fff == 0x1234 and (int(out[0]) >> 16) & 0x3fff == 1 and (int(out[0]) >> 32) & 0x3fff == 64
+    assert int(out[0]) & 0x3FFF == 0x1234 and (int(out[0]) >> 16) & 0x3FFF == 1 and (int(out[0]) >> 32) & 0x3FFF == 64
     assert int(out[0]) >> 62 == 1 and (int(out[0]) >> 49) & 7 == 0
 
 
 # ---- TMA: box, pitch, out-of-bounds zeros, 128B swizzle ------------------------------------------------
-TMA_KERNEL = r'''
+TMA_KERNEL = r"""
 extern "C" __global__ void tma_box(const __grid_constant__ ptx::TensorMap map, unsigned short* out, int x, int y, int bytes)
 {
     unsigned char* smem = ptx::dynamic_shared_memory();  // the window's start: 1024-byte aligned
@@ -78,7 +85,7 @@ extern "C" __global__ void tma_box(const __grid_constant__ ptx::TensorMap map, u
     ptx::mbarrier_wait_parity(bar, 0);
     for (int i = 0; i < bytes / 2; ++i) out[i] = reinterpret_cast<unsigned short*>(smem)[i];
 }
-'''
+"""
 ROWS, COLS = 20, 100  # the global matrix: rows of 200 bytes, pitch padded to 208
 
 
@@ -134,7 +141,7 @@ def test_tensor_map_encoder_refuses_what_the_driver_refuses():
 
 
 # ---- mbarrier phases and transaction counts ---------------------------------------------------------------
-PHASE_KERNEL = r'''
+PHASE_KERNEL = r"""
 extern "C" __global__ void phases(const __grid_constant__ ptx::TensorMap map, int* out)
 {
     const ptx::smem_t base = ptx::smem_address(ptx::dynamic_shared_memory()), bar = base + 4096;
@@ -154,7 +161,7 @@ extern "C" __global__ void phases(const __grid_constant__ ptx::TensorMap map, in
     out[6] = ptx::mbarrier_try_wait_parity(bar, 1);  // phase 1 complete (no bytes expected)
     out[7] = ptx::mbarrier_try_wait_parity(bar, 0);  // phase 2 in progress: parity 0 is not done
 }
-'''
+"""
 
 
 def test_mbarrier_phases_and_transaction_bytes():
@@ -163,12 +170,14 @@ def test_mbarrier_phases_and_transaction_bytes():
     arg = plans.TensorMapArg("A", 1, 16, 1, 16)
     tensor_map = library.encode_tensor_map(arg, data.ctypes.data, 32, "bfloat16")
     out = np.full(8, -1, dtype=np.int32)
-    library.launch(plans.Launch("phases", (1, 1, 1), (1, 1, 1), (arg, "O"), "TP"), {"O": out.ctypes.data}, {"A": tensor_map})
+    library.launch(
+        plans.Launch("phases", (1, 1, 1), (1, 1, 1), (arg, "O"), "TP"), {"O": out.ctypes.data}, {"A": tensor_map}
+    )
     assert out.tolist() == [1, 0, 0, 0, 1, 0, 1, 0]
 
 
 def test_a_wait_nothing_can_complete_is_a_deadlock_not_a_hang():
-    text = r'''
+    text = r"""
 extern "C" __global__ void stuck(int* out)
 {
     const ptx::smem_t bar = ptx::smem_address(ptx::dynamic_shared_memory());
@@ -178,14 +187,16 @@ extern "C" __global__ void stuck(int* out)
     ptx::mbarrier_wait_parity(bar, 0);
     out[threadIdx.x] = 1;
 }
-'''
+"""
     out = np.zeros(64, dtype=np.int32)
     with pytest.raises(RuntimeError, match="deadlock.*mbarrier"):
-        _library(text, "stuck").launch(plans.Launch("stuck", (1, 1, 1), (64, 1, 1), ("O",), "P"), {"O": out.ctypes.data})
+        _library(text, "stuck").launch(
+            plans.Launch("stuck", (1, 1, 1), (64, 1, 1), ("O",), "P"), {"O": out.ctypes.data}
+        )
 
 
 # ---- the wgmma accumulator fragment ------------------------------------------------------------------------
-FRAGMENT_KERNEL = r'''
+FRAGMENT_KERNEL = r"""
 // A [64 x 16] K-major and B [16 x 256] MN-major in the 128B-swizzled layouts of ptx.h, written with
 // plain stores: A (r, k) at byte r * 128 + 2 k, B (k, n) at 16384 + (n / 64) * 8192 + k * 128 + 2 (n % 64),
 // each with chunk bits [4, 7) XOR row bits [7, 10).
@@ -219,13 +230,14 @@ extern "C" __global__ void fragment(float* out)
     ptx::wgmma_wait_group<0>();
     for (int i = 0; i < 128; ++i) out[threadIdx.x * 128 + i] = d[i];
 }
-'''
+"""
 
 
 def test_wgmma_accumulator_fragment_layout():
     out = np.zeros((128, 128), dtype=np.float32)
-    _library(FRAGMENT_KERNEL, "fragment").launch(plans.Launch("fragment", (1, 1, 1), (128, 1, 1), ("O",), "P"),
-                                                 {"O": out.ctypes.data})
+    _library(FRAGMENT_KERNEL, "fragment").launch(
+        plans.Launch("fragment", (1, 1, 1), (128, 1, 1), ("O",), "P"), {"O": out.ctypes.data}
+    )
     t = np.arange(128)[:, None]
     i = np.arange(128)[None, :]
     warp, lane = t // 32, t % 32
@@ -242,7 +254,7 @@ B_DESCRIPTOR = "ptx::wgmma_descriptor(b_stage + kk * 16 * 128, B_BOX_BYTES, 1024
 def _nan_padded(array: np.ndarray) -> np.ndarray:
     """cuda.pitched(array) with NaN instead of zeros in the padding: a kernel that reads it fails."""
     padded = plans.pitched(array).copy()
-    padded[:, array.shape[1]:] = np.nan
+    padded[:, array.shape[1] :] = np.nan
     return padded
 
 
@@ -250,20 +262,29 @@ def _run_wgmma(text: str, tag: str, shape: Shape, dtype: str = "bfloat16"):
     library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/wgmma.cu", source_text=text, tag=tag))
     a, b = harness.make_inputs(shape, dtype, seed=7)
     launch = plans.plan("wgmma", dtype, *shape)
-    buffers = {"A": _aligned(_nan_padded(a)), "B": _aligned(_nan_padded(b)),
-               "C": _aligned(np.full((shape.m, shape.n), np.nan, dtype=a.dtype))}
+    buffers = {
+        "A": _aligned(_nan_padded(a)),
+        "B": _aligned(_nan_padded(b)),
+        "C": _aligned(np.full((shape.m, shape.n), np.nan, dtype=a.dtype)),
+    }
     pointers = {name: array.ctypes.data for name, array in buffers.items()}
-    maps = {arg.buffer: library.encode_tensor_map(arg, pointers[arg.buffer], buffers[arg.buffer].strides[0], dtype)
-            for arg in launch.args if isinstance(arg, plans.TensorMapArg)}
+    maps = {
+        arg.buffer: library.encode_tensor_map(arg, pointers[arg.buffer], buffers[arg.buffer].strides[0], dtype)
+        for arg in launch.args
+        if isinstance(arg, plans.TensorMapArg)
+    }
     library.launch(launch, pointers, maps)
     return harness.check(buffers["C"], a, b)
 
 
-@pytest.mark.parametrize("wrong, tag", [
-    (A_DESCRIPTOR.replace("1024", "512"), "sbo"),                                 # stride byte offset of A
-    (B_DESCRIPTOR.replace("kSwizzle128B", "kSwizzle64B"), "swizzle"),            # swizzle mode of B
-    (B_DESCRIPTOR.replace("B_BOX_BYTES, 1024", "B_BOX_BYTES / 2, 1024"), "lbo"),  # leading byte offset of B
-])
+@pytest.mark.parametrize(
+    "wrong, tag",
+    [
+        (A_DESCRIPTOR.replace("1024", "512"), "sbo"),  # stride byte offset of A
+        (B_DESCRIPTOR.replace("kSwizzle128B", "kSwizzle64B"), "swizzle"),  # swizzle mode of B
+        (B_DESCRIPTOR.replace("B_BOX_BYTES, 1024", "B_BOX_BYTES / 2, 1024"), "lbo"),  # leading byte offset of B
+    ],
+)
 def test_wrong_descriptor_gives_wrong_results(wrong, tag):
     text = source_path("cuda/wgmma.cu").read_text()
     right = A_DESCRIPTOR if wrong.startswith("ptx::wgmma_descriptor(a_stage") else B_DESCRIPTOR
@@ -337,7 +358,7 @@ def test_register_budget_beyond_the_register_file_is_reported():
 
 
 # Probes of the checks on one warp group: `variant` chooses what it gets wrong.
-CHECKS_KERNEL = r'''
+CHECKS_KERNEL = r"""
 extern "C" __global__ void checks(float* out, int variant)
 {
     unsigned char* smem = ptx::dynamic_shared_memory();
@@ -369,13 +390,14 @@ extern "C" __global__ void checks(float* out, int variant)
     }
     for (int i = 0; i < 128; ++i) out[threadIdx.x * 128 + i] = d[i];
 }
-'''
+"""
 
 
 def _checks(variant: int) -> np.ndarray:
     out = np.full((128, 128), -1.0, dtype=np.float32)
-    _library(CHECKS_KERNEL, "checks").launch(plans.Launch("checks", (1, 1, 1), (128, 1, 1), ("O", variant), "Pi"),
-                                             {"O": out.ctypes.data})
+    _library(CHECKS_KERNEL, "checks").launch(
+        plans.Launch("checks", (1, 1, 1), (128, 1, 1), ("O", variant), "Pi"), {"O": out.ctypes.data}
+    )
     return out
 
 

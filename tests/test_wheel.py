@@ -4,6 +4,7 @@ is the portable build (it will be copied to other CPUs).
 Builds the wheel, installs it into a fresh virtual environment (which sees this
 environment's dependencies but not this checkout), and runs the harness from another folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,8 @@ def test_wheel_install_finds_every_source(tmp_path):
     probe = (
         "import json, harness, harness.sources as s\n"
         "print(json.dumps({'package': str(s.PACKAGE_DIR), 'checkout': s.in_checkout(),\n"
-        "  'missing': [i.source for i in harness.implementations() if i.source and not s.source_path(i.source).is_file()],\n"
+        "  'missing': [i.source for i in harness.implementations() if i.source and not "
+        "s.source_path(i.source).is_file()],\n"
         "  'sources': [i.source for i in harness.implementations() if i.source],\n"
         "  'call_mode': harness.clib.call_mode(), 'build_isa': harness.clib.build_isa()}))\n"
     )
@@ -61,7 +63,20 @@ def test_wheel_install_finds_every_source(tmp_path):
     listing = _run([str(python), "-m", "harness", "list"], cwd=elsewhere, env=env).stdout
     assert "c.blocked" in listing and "python.ikj" in listing
     compared = _run(
-        [str(python), "-m", "harness", "compare", "--shapes", "33", "--impls", "c.*", "python.ikj", "--min-time", "0.01"],
-        cwd=elsewhere, env=env,
+        [
+            str(python),
+            "-m",
+            "harness",
+            "compare",
+            "--shapes",
+            "33",
+            "--impls",
+            "c.*",
+            "python.ikj",
+            "--min-time",
+            "0.01",
+        ],
+        cwd=elsewhere,
+        env=env,
     ).stdout
     assert "FAILED" not in compared and "error" not in compared and "c.blocked" in compared

@@ -1,4 +1,5 @@
 """The by-hand text's worked examples and hands-on exercise A, through every implementation."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -19,6 +19,7 @@ A request names a kernel, a dtype, an architecture and which configs:
     ("matmul_tma", "bf16", 90, "every")  every Hopper config of triton/matmul_tma.py that fits
                                       SHARED_MEMORY; an index picks one of HOPPER_CONFIGS
 """
+
 from __future__ import annotations
 
 import base64
@@ -141,14 +142,14 @@ print(json.dumps({"results": results}))
 
 @dataclass(frozen=True)
 class Compiled:
-    name: str        # "matmul bf16 128x256x64 warps=8 stages=3"
-    kernel: str      # "matmul", "gemv", "matmul_tma" or "decode"
-    dtype: str       # Triton's spelling: fp32, fp16, bf16 (decode: the weight format, "q4_0/m16")
-    sm: int          # 90 or 80
+    name: str  # "matmul bf16 128x256x64 warps=8 stages=3"
+    kernel: str  # "matmul", "gemv", "matmul_tma" or "decode"
+    dtype: str  # Triton's spelling: fp32, fp16, bf16 (decode: the weight format, "q4_0/m16")
+    sm: int  # 90 or 80
     config: dict
     warps: int
     stages: int
-    shared: int      # bytes of shared memory the compiled kernel uses
+    shared: int  # bytes of shared memory the compiled kernel uses
     ptx: str
     cubin: bytes
 
@@ -171,8 +172,14 @@ class Skip(Exception):
 def _compile(requests: tuple) -> tuple[Compiled, ...]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default either way; silences a notice
-    done = subprocess.run([sys.executable, "-c", _SCRIPT, str(ROOT), json.dumps(requests), json.dumps(SHARED_MEMORY)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(ROOT), json.dumps(requests), json.dumps(SHARED_MEMORY)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"compiling the Triton kernels ahead of time failed:\n{done.stderr[-4000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])

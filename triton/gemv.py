@@ -45,18 +45,26 @@ Caveats
   both operands to FP32 before multiplying, so BF16 is exact in the interpreter too.
 - Offsets are 32-bit: a tensor spanning 2**31 elements or more is refused.
 """
+
 import torch
-import triton
 import triton.language as tl
+
+import triton
 
 
 @triton.jit
 def gemv_kernel(
-    w_ptr, x_ptr, y_ptr,
-    N, K,
-    stride_wn, stride_wk,
-    stride_x, stride_y,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    w_ptr,
+    x_ptr,
+    y_ptr,
+    N,
+    K,
+    stride_wn,
+    stride_wk,
+    stride_x,
+    stride_y,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """y [N] = W [N, K] @ x [K]; one program per BLOCK_N rows of W."""
     pid = tl.program_id(axis=0)
@@ -137,10 +145,14 @@ def gemv(w, x, *, config=None):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gemv: {label} must be a torch.Tensor, got {type(t).__name__}")
     if w.ndim != 2 or x.ndim != 1:
-        raise ValueError(f"gemv expects w [N, K] (2-D) and x [K] (1-D), got w of shape {tuple(w.shape)} "
-                         f"and x of shape {tuple(x.shape)}")
+        raise ValueError(
+            f"gemv expects w [N, K] (2-D) and x [K] (1-D), got w of shape {tuple(w.shape)} "
+            f"and x of shape {tuple(x.shape)}"
+        )
     if w.shape[1] != x.shape[0]:
-        raise ValueError(f"gemv: w is {tuple(w.shape)} [N, K] but x has {x.shape[0]} elements; they must equal K = {w.shape[1]}")
+        raise ValueError(
+            f"gemv: w is {tuple(w.shape)} [N, K] but x has {x.shape[0]} elements; they must equal K = {w.shape[1]}"
+        )
     if w.dtype != x.dtype:
         raise TypeError(f"gemv: w and x must share one dtype, got w {w.dtype} and x {x.dtype}")
     if w.dtype not in DTYPES:
@@ -150,8 +162,10 @@ def gemv(w, x, *, config=None):
     if INTERPRETED and w.device.type != "cpu":
         raise ValueError(f"gemv: running under TRITON_INTERPRET=1, which takes CPU tensors; got tensors on {w.device}")
     if not INTERPRETED and w.device.type != "cuda":
-        raise ValueError(f"gemv: Triton kernels need CUDA tensors, got tensors on {w.device} "
-                         "(set TRITON_INTERPRET=1 before loading this file to run on the CPU interpreter)")
+        raise ValueError(
+            f"gemv: Triton kernels need CUDA tensors, got tensors on {w.device} "
+            "(set TRITON_INTERPRET=1 before loading this file to run on the CPU interpreter)"
+        )
     if _span(w) >= 2**31:
         raise ValueError(f"gemv: w {tuple(w.shape)} spans 2**31 elements or more, beyond 32-bit offsets")
 

@@ -57,9 +57,11 @@ Constraints and caveats
   and BF16 blocks are widened to FP32 before ``tl.dot``: the interpreter multiplies BF16 bit
   patterns as integers. The interpreter also ignores ``input_precision``.
 """
+
 import torch
-import triton
 import triton.language as tl
+
+import triton
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,14 +69,23 @@ import triton.language as tl
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def matmul_kernel(
-    a_ptr, b_ptr, c_ptr,
-    M, N, K,
-    stride_am, stride_ak,
-    stride_bk, stride_bn,
-    stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,           # widen blocks to FP32 before tl.dot (interpreter + BF16)
+    UPCAST: tl.constexpr,  # widen blocks to FP32 before tl.dot (interpreter + BF16)
     INPUT_PRECISION: tl.constexpr,  # "ieee" for exact FP32, "tf32" (Triton's default) otherwise
 ):
     """C [M, N] = A [M, K] @ B [K, N]; one program per BLOCK_M x BLOCK_N tile of C."""
@@ -132,7 +143,8 @@ INTERPRETED = type(matmul_kernel).__name__ == "InterpretedFunction"
 def _config(block_m, block_n, block_k, stages, warps, group_m=8):
     return triton.Config(
         {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m},
-        num_stages=stages, num_warps=warps,
+        num_stages=stages,
+        num_warps=warps,
     )
 
 
@@ -233,7 +245,9 @@ def _autotuned_kernel(device):
         configs = HOPPER_CONFIGS if major >= 9 else AMPERE_CONFIGS
         # The tuning key holds the problem size and layout; Triton adds the argument dtypes.
         _autotuned[major] = triton.autotune(
-            configs=configs, key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_configs},
+            configs=configs,
+            key=_AUTOTUNE_KEY,
+            prune_configs_by={"early_config_prune": _prune_configs},
         )(matmul_kernel)
     return _autotuned[major]
 
@@ -259,19 +273,27 @@ def check_inputs(name, tensors, ndims):
             raise ValueError(f"{name}: {label} must be {ndim}-D, got {t.ndim}-D {label} of shape {tuple(t.shape)}")
     dtypes = {t.dtype for t in tensors.values()}
     if len(dtypes) != 1:
-        raise TypeError(f"{name}: inputs must share one dtype, got " + ", ".join(f"{l} {t.dtype}" for l, t in tensors.items()))
+        raise TypeError(
+            f"{name}: inputs must share one dtype, got "
+            + ", ".join(f"{label} {t.dtype}" for label, t in tensors.items())
+        )
     dtype = dtypes.pop()
     if dtype not in DTYPES:
         raise TypeError(f"{name}: unsupported dtype {dtype}; use float32, float16 or bfloat16")
     devices = {t.device for t in tensors.values()}
     if len(devices) != 1:
-        raise ValueError(f"{name}: inputs must be on one device, got " + ", ".join(f"{l} on {t.device}" for l, t in tensors.items()))
+        raise ValueError(
+            f"{name}: inputs must be on one device, got "
+            + ", ".join(f"{label} on {t.device}" for label, t in tensors.items())
+        )
     device = devices.pop()
     if INTERPRETED and device.type != "cpu":
         raise ValueError(f"{name}: running under TRITON_INTERPRET=1, which takes CPU tensors; got tensors on {device}")
     if not INTERPRETED and device.type != "cuda":
-        raise ValueError(f"{name}: Triton kernels need CUDA tensors, got tensors on {device} "
-                         "(set TRITON_INTERPRET=1 before loading this file to run on the CPU interpreter)")
+        raise ValueError(
+            f"{name}: Triton kernels need CUDA tensors, got tensors on {device} "
+            "(set TRITON_INTERPRET=1 before loading this file to run on the CPU interpreter)"
+        )
     for label, t in tensors.items():
         if _span(t) >= 2**31:
             raise ValueError(f"{name}: {label} {tuple(t.shape)} spans 2**31 elements or more, beyond 32-bit offsets")
@@ -286,8 +308,10 @@ def matmul(a, b, *, config=None, allow_tf32=False):
     """
     dtype = check_inputs("matmul", {"a": a, "b": b}, (2, 2))
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul: inner dimensions do not match: a is {tuple(a.shape)} [M, K] and "
-                         f"b is {tuple(b.shape)} [K, N]; a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})")
+        raise ValueError(
+            f"matmul: inner dimensions do not match: a is {tuple(a.shape)} [M, K] and "
+            f"b is {tuple(b.shape)} [K, N]; a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})"
+        )
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=dtype)
@@ -305,13 +329,18 @@ def matmul(a, b, *, config=None, allow_tf32=False):
         config = INTERPRETER_CONFIG
     if config is None:
         kernel = _autotuned_kernel(a.device)
-        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+        def grid(meta):
+            return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
         kernel[grid](*args, **flags)
     else:
         config = dict(config)
         for block in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             if config.get(block, 0) < 16 or config[block] & (config[block] - 1):
-                raise ValueError(f"matmul: {block} must be a power of two >= 16 (tl.dot's minimum), got {config.get(block)}")
+                raise ValueError(
+                    f"matmul: {block} must be a power of two >= 16 (tl.dot's minimum), got {config.get(block)}"
+                )
         config.setdefault("GROUP_M", 8)
         grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]),)
         matmul_kernel[grid](*args, **flags, **config)

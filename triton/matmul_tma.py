@@ -76,11 +76,13 @@ blocks and a few programs, so that each program walks several tiles. As in ``mat
 blocks are widened to FP32 before ``tl.dot`` under the interpreter, which otherwise multiplies
 BF16 bit patterns as integers.
 """
+
 import functools
 
 import torch
-import triton
 import triton.language as tl
+
+import triton
 
 try:  # Triton >= 3.3
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -106,14 +108,20 @@ def tile_coordinates(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def matmul_tma_kernel(
-    a_desc, b_desc, c_desc,
-    M, N, K,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_desc,
+    b_desc,
+    c_desc,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr,      # the tile stride: the number of SMs (the grid may be smaller)
+    NUM_PROGRAMS: tl.constexpr,  # the tile stride: the number of SMs (the grid may be smaller)
     EPILOGUE_SUBTILE: tl.constexpr,  # store C in two BLOCK_M x BLOCK_N/2 halves
-    FLATTEN: tl.constexpr,           # let Triton fuse the tile and K loops into one pipelined loop
-    UPCAST: tl.constexpr,            # widen blocks to FP32 before tl.dot (interpreter + BF16)
+    FLATTEN: tl.constexpr,  # let Triton fuse the tile and K loops into one pipelined loop
+    UPCAST: tl.constexpr,  # widen blocks to FP32 before tl.dot (interpreter + BF16)
 ):
     """C [M, N] = A [M, K] @ B [K, N]; each program computes tiles program_id, +NUM_PROGRAMS, ..."""
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -163,12 +171,16 @@ def tma_unavailable_reason(capability=None, descriptors=None):
     if descriptors is None:
         descriptors = TensorDescriptor is not None and hasattr(tl, "make_tensor_descriptor")
     if not descriptors:
-        return (f"Triton {triton.__version__} has no tensor descriptors (TMA); they came with Triton 3.3: "
-                "pip install -U triton, or use triton.matmul")
+        return (
+            f"Triton {triton.__version__} has no tensor descriptors (TMA); they came with Triton 3.3: "
+            "pip install -U triton, or use triton.matmul"
+        )
     if capability is not None and tuple(capability) < (9, 0):
         major, minor = capability
-        return (f"needs a Hopper or newer GPU (sm_90+) for TMA; this one is sm_{major}{minor}, where Triton would "
-                "lower the descriptors to plain pointer loads: use triton.matmul there")
+        return (
+            f"needs a Hopper or newer GPU (sm_90+) for TMA; this one is sm_{major}{minor}, where Triton would "
+            "lower the descriptors to plain pointer loads: use triton.matmul there"
+        )
     return None
 
 
@@ -185,9 +197,17 @@ def _set_block_shapes(nargs):
 
 def _config(block_m, block_n, block_k, stages, warps, subtile, flatten=True, group_m=8):
     return triton.Config(
-        {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m,
-         "EPILOGUE_SUBTILE": subtile, "FLATTEN": flatten},
-        num_stages=stages, num_warps=warps, pre_hook=_set_block_shapes,
+        {
+            "BLOCK_M": block_m,
+            "BLOCK_N": block_n,
+            "BLOCK_K": block_k,
+            "GROUP_M": group_m,
+            "EPILOGUE_SUBTILE": subtile,
+            "FLATTEN": flatten,
+        },
+        num_stages=stages,
+        num_warps=warps,
+        pre_hook=_set_block_shapes,
     )
 
 
@@ -216,8 +236,14 @@ HOPPER_CONFIGS = [
 
 # The interpreter runs programs one after another in NumPy: small blocks, and few programs so
 # that each one walks several tiles (the persistent loop is what is being checked).
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "EPILOGUE_SUBTILE": True,
-                      "FLATTEN": False}
+INTERPRETER_CONFIG = {
+    "BLOCK_M": 16,
+    "BLOCK_N": 32,
+    "BLOCK_K": 16,
+    "GROUP_M": 2,
+    "EPILOGUE_SUBTILE": True,
+    "FLATTEN": False,
+}
 INTERPRETER_PROGRAMS = 3
 
 
@@ -305,13 +331,19 @@ def _check_inputs(a, b):
     if a.device != b.device:
         raise ValueError(f"matmul_tma: inputs must be on one device, got a on {a.device}, b on {b.device}")
     if INTERPRETED and a.device.type != "cpu":
-        raise ValueError(f"matmul_tma: running under TRITON_INTERPRET=1, which takes CPU tensors; got tensors on {a.device}")
+        raise ValueError(
+            f"matmul_tma: running under TRITON_INTERPRET=1, which takes CPU tensors; got tensors on {a.device}"
+        )
     if not INTERPRETED and a.device.type != "cuda":
-        raise ValueError(f"matmul_tma: Triton kernels need CUDA tensors, got tensors on {a.device} "
-                         "(set TRITON_INTERPRET=1 before loading this file to run on the CPU interpreter)")
+        raise ValueError(
+            f"matmul_tma: Triton kernels need CUDA tensors, got tensors on {a.device} "
+            "(set TRITON_INTERPRET=1 before loading this file to run on the CPU interpreter)"
+        )
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul_tma: inner dimensions do not match: a is {tuple(a.shape)} [M, K] and "
-                         f"b is {tuple(b.shape)} [K, N]; a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})")
+        raise ValueError(
+            f"matmul_tma: inner dimensions do not match: a is {tuple(a.shape)} [M, K] and "
+            f"b is {tuple(b.shape)} [K, N]; a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})"
+        )
     for label, t in (("a", a), ("b", b)):
         if max(t.shape) >= 2**31:  # TMA coordinates and Triton's offsets are 32-bit
             raise ValueError(f"matmul_tma: {label} {tuple(t.shape)} has a dimension of 2**31 or more")
@@ -361,10 +393,14 @@ def matmul_tma(a, b, *, config=None, programs=None):
         config.setdefault("FLATTEN", True)  # no effect under the interpreter, which runs loops as written
         for block in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             if config.get(block, 0) < 16 or config[block] & (config[block] - 1):
-                raise ValueError(f"matmul_tma: {block} must be a power of two >= 16 (tl.dot's minimum), got {config.get(block)}")
+                raise ValueError(
+                    f"matmul_tma: {block} must be a power of two >= 16 (tl.dot's minimum), got {config.get(block)}"
+                )
         if config["BLOCK_N"] > 256 or config["BLOCK_M"] > 256 or config["BLOCK_K"] > 256:
-            raise ValueError("matmul_tma: a TMA box is at most 256 elements along each dimension, got "
-                             f"{config['BLOCK_M']} x {config['BLOCK_N']} x {config['BLOCK_K']}")
+            raise ValueError(
+                "matmul_tma: a TMA box is at most 256 elements along each dimension, got "
+                f"{config['BLOCK_M']} x {config['BLOCK_N']} x {config['BLOCK_K']}"
+            )
     # Placeholder block shapes when autotuning: each config's pre-hook sets its own.
     first = config or HOPPER_CONFIGS[0].kwargs
     descriptors = {

@@ -10,6 +10,7 @@ main thread waits in short slices, where KeyboardInterrupt arrives at once. C ca
 stopped half-way: the abandoned call finishes on its own (its buffers are kept alive for it)
 and its result is dropped. Shorter calls, which users time, stay direct.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -42,7 +43,7 @@ def empty_output(m: int, n: int, dtype: np.dtype) -> np.ndarray:
         return np.empty((m, n), dtype)
     raw = np.empty(nbytes + CACHE_LINE, np.uint8)
     start = -raw.ctypes.data % CACHE_LINE
-    return raw[start:start + nbytes].view(dtype).reshape(m, n)
+    return raw[start : start + nbytes].view(dtype).reshape(m, n)
 
 
 # A call that may run longer than this, at the fastest its kernel goes (each backend's
@@ -86,6 +87,7 @@ def call_interruptibly(function, args: tuple):
 class _CPrepared:
     """The prepare/run/result split of core.py, for the harness's timer: the output and the
     pointers are made here, so run() is the C call alone."""
+
     mode = "native"
 
     def __init__(self, backend, function, ffi, a, b, extra_args, interruptible: bool = False):
@@ -93,8 +95,13 @@ class _CPrepared:
         self.c = empty_output(a.shape[0], b.shape[1], a.dtype)
         ctype = _CTYPES[a.dtype.name]
         self.args = (
-            ffi.from_buffer(ctype, a), ffi.from_buffer(ctype, b), ffi.from_buffer(ctype, self.c),
-            a.shape[0], b.shape[1], a.shape[1], *extra_args,
+            ffi.from_buffer(ctype, a),
+            ffi.from_buffer(ctype, b),
+            ffi.from_buffer(ctype, self.c),
+            a.shape[0],
+            b.shape[1],
+            a.shape[1],
+            *extra_args,
         )
         self.function = function
         self.backend = backend
@@ -144,8 +151,10 @@ class CBackend:
             where = f"MATMUL_C_LIBRARY={override}" if override else "the C library"
             exports = clib.exported_functions()
             named = ", ".join(f"{name} ({exports[name].file})" if name in exports else name for name in missing[:3])
-            raise BrokenError(f"{where} lacks {named}{' and more' if len(missing) > 3 else ''}, "
-                              "declared MATMUL_API in the C sources: it is not a build of this project's C sources")
+            raise BrokenError(
+                f"{where} lacks {named}{' and more' if len(missing) > 3 else ''}, "
+                "declared MATMUL_API in the C sources: it is not a build of this project's C sources"
+            )
         return None
 
     def extra_args(self, impl, options):
@@ -251,7 +260,11 @@ def default_threads() -> int:
 def packed_variants() -> list[str]:
     """The micro-kernel variants of c.packed this CPU can run, best last ("portable" always)."""
     _, lib = clib.load()
-    return [name for name, number in PACKED_VARIANTS.items() if name != "auto" and lib.matmul_packed_variant_supported(number)]
+    return [
+        name
+        for name, number in PACKED_VARIANTS.items()
+        if name != "auto" and lib.matmul_packed_variant_supported(number)
+    ]
 
 
 def packed_variant(variant: str = "auto") -> str:
@@ -315,36 +328,61 @@ class PackedBackend(CBackend):
             raise RuntimeError(f"c.packed failed (code {code}): {_PACKED_ERRORS.get(code, 'unknown error')}")
 
 
-register(Implementation(
-    name="c.naive_ijk", language="c", device="cpu", dtypes=("float32", "float64"),
-    summary="textbook triple loop in C: strided column walk, serial sum, no SIMD",
-    backend=CBackend("naive_ijk", fastest_gflops=2.0),
-    source="c/naive.c",
-))
-register(Implementation(
-    name="c.naive_ikj", language="c", device="cpu", dtypes=("float32", "float64"),
-    summary="i, p, j order in C: unit-stride inner loop the compiler vectorizes",
-    backend=CBackend("naive_ikj", fastest_gflops=20.0),
-    source="c/naive.c",
-))
-register(Implementation(
-    name="c.blocked", language="c", device="cpu", dtypes=("float32", "float64"),
-    summary="ikj run tile by tile so a tile of B is reused from cache",
-    backend=CBackend("blocked", ("tile",), fastest_gflops=60.0),
-    source="c/blocked.c",
-    options={"tile": 64},
-))
-register(Implementation(
-    name="c.goto", language="c", device="cpu", dtypes=("float32", "float64"),
-    summary="the five-loop Goto/BLIS algorithm: A and B packed per cache level, a register-tile micro-kernel",
-    backend=CBackend("goto", fastest_gflops=100.0),
-    source="c/goto.c",
-))
-register(Implementation(
-    name="c.packed", language="c", device="cpu", dtypes=("float32", "float64"),
-    summary="Goto/BLIS: packed panels, cache blocks from the cache sizes, SIMD register-tile micro-kernel, threads",
-    backend=PackedBackend(),
-    source="c/packed.c",
-    options={"threads": None, "variant": "auto", "path": "auto"},
-    threaded=True,
-))
+register(
+    Implementation(
+        name="c.naive_ijk",
+        language="c",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="textbook triple loop in C: strided column walk, serial sum, no SIMD",
+        backend=CBackend("naive_ijk", fastest_gflops=2.0),
+        source="c/naive.c",
+    )
+)
+register(
+    Implementation(
+        name="c.naive_ikj",
+        language="c",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="i, p, j order in C: unit-stride inner loop the compiler vectorizes",
+        backend=CBackend("naive_ikj", fastest_gflops=20.0),
+        source="c/naive.c",
+    )
+)
+register(
+    Implementation(
+        name="c.blocked",
+        language="c",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="ikj run tile by tile so a tile of B is reused from cache",
+        backend=CBackend("blocked", ("tile",), fastest_gflops=60.0),
+        source="c/blocked.c",
+        options={"tile": 64},
+    )
+)
+register(
+    Implementation(
+        name="c.goto",
+        language="c",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="the five-loop Goto/BLIS algorithm: A and B packed per cache level, a register-tile micro-kernel",
+        backend=CBackend("goto", fastest_gflops=100.0),
+        source="c/goto.c",
+    )
+)
+register(
+    Implementation(
+        name="c.packed",
+        language="c",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="Goto/BLIS: packed panels, cache blocks from the cache sizes, SIMD register-tile micro-kernel, threads",
+        backend=PackedBackend(),
+        source="c/packed.c",
+        options={"threads": None, "variant": "auto", "path": "auto"},
+        threaded=True,
+    )
+)

@@ -232,19 +232,21 @@ register(
 # rounding's error, harness/activation_error.py). tests/test_decode.py checks it
 # against the float64 product of the quantized X (``quantized_activations``), bounds its
 # distance from the exact product, and runs the declared model.
-INT8_IMPLEMENTATION = register(Implementation(
-    name="c.decode_int8",
-    language="c",
-    device="cpu",
-    dtypes=("float32",),
-    weights=("q8_0", "q4_0"),
-    summary="decode as llama.cpp does it: X quantized to q8_0 per block, int8 dot products (AVX2, AVX-512 VNNI)",
-    backend=CDecodeBackend("matmul_decode_int8"),
-    source="c/decode_int8.c",
-    activation_rounding="q8_0",
-    options={"threads": None, "variant": "auto"},
-    threaded=True,
-))
+INT8_IMPLEMENTATION = register(
+    Implementation(
+        name="c.decode_int8",
+        language="c",
+        device="cpu",
+        dtypes=("float32",),
+        weights=("q8_0", "q4_0"),
+        summary="decode as llama.cpp does it: X quantized to q8_0 per block, int8 dot products (AVX2, AVX-512 VNNI)",
+        backend=CDecodeBackend("matmul_decode_int8"),
+        source="c/decode_int8.c",
+        activation_rounding="q8_0",
+        options={"threads": None, "variant": "auto"},
+        threaded=True,
+    )
+)
 
 
 def quantized_activations(x: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ Threads: the ``threads`` option, as for every threaded row (compare passes its `
 ggml's ``n_threads``, served by one ggml thread pool made in prepare and kept for the row,
 as llama.cpp keeps its own.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -64,7 +65,7 @@ def ggml_dequantize(weights: QuantizedWeights, rows: slice = slice(None)) -> np.
     ggml = _ggml()
     start, stop, _ = rows.indices(weights.n)
     row_bytes = weights.nbytes // weights.n if weights.n else 0
-    raw = np.ascontiguousarray(weights.data[start * row_bytes:stop * row_bytes])
+    raw = np.ascontiguousarray(weights.data[start * row_bytes : stop * row_bytes])
     out = np.empty((stop - start, weights.k), np.float32)
     if out.size:
         traits = ggml.ggml_get_type_traits(_ggml_type(ggml, weights.format)).contents
@@ -77,7 +78,7 @@ def check_round_trip(weights: QuantizedWeights) -> None:
     for start in range(0, weights.n, _ROUND_TRIP_ROWS):
         stop = min(weights.n, start + _ROUND_TRIP_ROWS)
         row_bytes = weights.nbytes // weights.n
-        rows = weights.data[start * row_bytes:stop * row_bytes]
+        rows = weights.data[start * row_bytes : stop * row_bytes]
         part = QuantizedWeights(weights.format, stop - start, weights.k, rows)
         ours, theirs = part.dequantize(), ggml_dequantize(weights, slice(start, stop))
         if not np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)):
@@ -116,8 +117,9 @@ class _GgmlPrepared:
         self.w = ggml.ggml_new_tensor_2d(self.ctx, wtype, k, n)
         self.x = ggml.ggml_new_tensor_2d(self.ctx, ggml.GGML_TYPE_F32, k, m)
         if ggml.ggml_nbytes(self.w) != w.nbytes:
-            raise RuntimeError(f"ggml sizes a {w.format} [{n}, {k}] tensor at {ggml.ggml_nbytes(self.w)} bytes, "
-                               f"quant.py at {w.nbytes}")
+            raise RuntimeError(
+                f"ggml sizes a {w.format} [{n}, {k}] tensor at {ggml.ggml_nbytes(self.w)} bytes, quant.py at {w.nbytes}"
+            )
         ctypes.memmove(ggml.ggml_get_data(self.w), w.data.ctypes.data, w.nbytes)
         ctypes.memmove(ggml.ggml_get_data(self.x), x.ctypes.data, x.nbytes)
         self.y = ggml.ggml_mul_mat(self.ctx, self.w, self.x)  # ne = [N, M]: Y [M, N] row-major
@@ -170,8 +172,11 @@ class GgmlBackend:
 
     def describe(self, impl) -> str | None:
         ggml = _ggml()
-        simd = [name for name in ("avx512", "avx2", "avx", "neon")
-                if getattr(ggml, f"ggml_cpu_has_{name}", None) and getattr(ggml, f"ggml_cpu_has_{name}")()][:1]
+        simd = [
+            name
+            for name in ("avx512", "avx2", "avx", "neon")
+            if getattr(ggml, f"ggml_cpu_has_{name}", None) and getattr(ggml, f"ggml_cpu_has_{name}")()
+        ][:1]
         version = ggml.ggml_version().decode()
         return f"ggml {version} (ggml-python {ggml.__version__}), CPU" + (f" {simd[0].upper()}" if simd else "")
 
@@ -187,9 +192,18 @@ class GgmlBackend:
         return _GgmlPrepared(x, b, threads)
 
 
-register(Implementation(
-    name="ggml.mul_mat", language="ggml", device="cpu", dtypes=("float32",), weights=WEIGHTS,
-    summary="llama.cpp's ggml_mul_mat on the CPU: X rounded to Q8_0 blocks, int8 block dot products (a peer)",
-    backend=GgmlBackend(), options={"threads": None}, threaded=True, peer=True,
-    activation_rounding="q8_0",
-))
+register(
+    Implementation(
+        name="ggml.mul_mat",
+        language="ggml",
+        device="cpu",
+        dtypes=("float32",),
+        weights=WEIGHTS,
+        summary="llama.cpp's ggml_mul_mat on the CPU: X rounded to Q8_0 blocks, int8 block dot products (a peer)",
+        backend=GgmlBackend(),
+        options={"threads": None},
+        threaded=True,
+        peer=True,
+        activation_rounding="q8_0",
+    )
+)

@@ -1,4 +1,5 @@
 """NumPy's matmul: the BLAS NumPy links (usually OpenBLAS), the CPU baseline."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,9 +30,14 @@ class NumpyBackend:
         return _NumpyPrepared(a, b)
 
 
-register(Implementation(
-    name="numpy.matmul", language="numpy", device="cpu", dtypes=("float32", "float64"),
-    summary="NumPy's matmul, i.e. its BLAS sgemm/dgemm (the CPU baseline)",
-    backend=NumpyBackend(),
-    baseline=True,
-))
+register(
+    Implementation(
+        name="numpy.matmul",
+        language="numpy",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="NumPy's matmul, i.e. its BLAS sgemm/dgemm (the CPU baseline)",
+        backend=NumpyBackend(),
+        baseline=True,
+    )
+)

@@ -19,6 +19,7 @@ actually use:
 
 All take a ``threads`` option (BLIS's and PyTorch's own thread counts).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -76,7 +77,11 @@ def blis_description() -> str | None:
         import blis.cy
     except ImportError:
         return None
-    text = f"the blis package {getattr(blis, '__version__', '')}".rstrip() + ", " + _describe_library(ctypes.CDLL(blis.cy.__file__))
+    text = (
+        f"the blis package {getattr(blis, '__version__', '')}".rstrip()
+        + ", "
+        + _describe_library(ctypes.CDLL(blis.cy.__file__))
+    )
     if "generic kernels" in text:
         text += ": BLIS's reference C, not what a BLIS built for this CPU runs"
     return text
@@ -103,8 +108,22 @@ class _BlisPrepared:
         scalar = ctypes.c_float if a.dtype == np.float32 else ctypes.c_double
         (m, k), n = a.shape, b.shape[1]
         pointers = [ctypes.c_void_p(x.ctypes.data) for x in (a, b, self.c)]
-        arguments = (ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, scalar(1.0), pointers[0], k, pointers[1], n,
-                     scalar(0.0), pointers[2], n)
+        arguments = (
+            ROW_MAJOR,
+            NO_TRANS,
+            NO_TRANS,
+            m,
+            n,
+            k,
+            scalar(1.0),
+            pointers[0],
+            k,
+            pointers[1],
+            n,
+            scalar(0.0),
+            pointers[2],
+            n,
+        )
         self._keep = (a, b)  # the pointers above are into these
         return lambda: gemm(*arguments)  # ctypes releases the GIL for the call
 
@@ -135,15 +154,31 @@ class BlisBackend:
             return lambda a, b: blis.py.gemm(a, b)
         if threads is not None:
             library.bli_thread_set_num_threads(ctypes.c_int64(threads))
-        gemms = {np.dtype(np.float32): (library.cblas_sgemm, ctypes.c_float),
-                 np.dtype(np.float64): (library.cblas_dgemm, ctypes.c_double)}
+        gemms = {
+            np.dtype(np.float32): (library.cblas_sgemm, ctypes.c_float),
+            np.dtype(np.float64): (library.cblas_dgemm, ctypes.c_double),
+        }
 
         def call(a, b):
             gemm, scalar = gemms[a.dtype]
             (m, k), n = a.shape, b.shape[1]
             c = np.empty((m, n), dtype=a.dtype)
-            gemm(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, scalar(1.0), ctypes.c_void_p(a.ctypes.data), k,
-                 ctypes.c_void_p(b.ctypes.data), n, scalar(0.0), ctypes.c_void_p(c.ctypes.data), n)
+            gemm(
+                ROW_MAJOR,
+                NO_TRANS,
+                NO_TRANS,
+                m,
+                n,
+                k,
+                scalar(1.0),
+                ctypes.c_void_p(a.ctypes.data),
+                k,
+                ctypes.c_void_p(b.ctypes.data),
+                n,
+                scalar(0.0),
+                ctypes.c_void_p(c.ctypes.data),
+                n,
+            )
             return c
 
         return call
@@ -184,8 +219,14 @@ class TorchCpuBackend:
     def describe(self, impl) -> str | None:
         import torch
 
-        backends = [name for name, on in (("MKL", torch.backends.mkl.is_available()),
-                                          ("oneDNN", torch.backends.mkldnn.is_available())) if on]
+        backends = [
+            name
+            for name, on in (
+                ("MKL", torch.backends.mkl.is_available()),
+                ("oneDNN", torch.backends.mkldnn.is_available()),
+            )
+            if on
+        ]
         return f"PyTorch {torch.__version__} on the CPU" + (f" ({', '.join(backends)})" if backends else "")
 
     def bind(self, impl, options):
@@ -253,18 +294,43 @@ class TorchInt4Backend(TorchCpuBackend):
         return _TorchInt4Prepared(a, b, options.get("threads"))
 
 
-register(Implementation(
-    name="blis.gemm", language="blis", device="cpu", dtypes=("float32", "float64"),
-    summary="BLIS's sgemm/dgemm through CBLAS, with the kernel set BLIS picks for this CPU (a peer)",
-    backend=BlisBackend(), options={"threads": None}, threaded=True, peer=True,
-))
-register(Implementation(
-    name="torch.cpu", language="torch", device="cpu", dtypes=("float32", "float64"),
-    summary="torch.matmul on CPU tensors: MKL or oneDNN (a peer)",
-    backend=TorchCpuBackend(), options={"threads": None}, threaded=True, peer=True,
-))
-register(Implementation(
-    name="torch.int4", language="torch", device="cpu", dtypes=("float32",), weights=("q4_0",),
-    summary="torch's CPU weight-only int4 kernel, q4_0 as group-32 int4 with zero points 0 (a peer)",
-    backend=TorchInt4Backend(), options={"threads": None}, threaded=True, peer=True,
-))
+register(
+    Implementation(
+        name="blis.gemm",
+        language="blis",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="BLIS's sgemm/dgemm through CBLAS, with the kernel set BLIS picks for this CPU (a peer)",
+        backend=BlisBackend(),
+        options={"threads": None},
+        threaded=True,
+        peer=True,
+    )
+)
+register(
+    Implementation(
+        name="torch.cpu",
+        language="torch",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="torch.matmul on CPU tensors: MKL or oneDNN (a peer)",
+        backend=TorchCpuBackend(),
+        options={"threads": None},
+        threaded=True,
+        peer=True,
+    )
+)
+register(
+    Implementation(
+        name="torch.int4",
+        language="torch",
+        device="cpu",
+        dtypes=("float32",),
+        weights=("q4_0",),
+        summary="torch's CPU weight-only int4 kernel, q4_0 as group-32 int4 with zero points 0 (a peer)",
+        backend=TorchInt4Backend(),
+        options={"threads": None},
+        threaded=True,
+        peer=True,
+    )
+)

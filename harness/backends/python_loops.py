@@ -1,4 +1,5 @@
 """Adapter for python/: pure-Python loops on lists of rows, and the tiled CPU model."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -73,34 +74,54 @@ class TiledModelBackend:
 
 _slow = dict(max_flops=PURE_PYTHON_MAX_FLOPS, slow_rate=PURE_PYTHON_RATE)
 
-register(Implementation(
-    name="python.ijk", language="python", device="cpu", dtypes=("float32", "float64"),
-    summary="textbook triple loop: each output a dot product of a row and a column",
-    backend=PythonLoopsBackend("matmul_ijk"),
-    source="python/loops.py",
-    **_slow,
-))
-register(Implementation(
-    name="python.ikj", language="python", device="cpu", dtypes=("float32", "float64"),
-    summary="i, p, j order: each row of C a running sum of scaled rows of B",
-    backend=PythonLoopsBackend("matmul_ikj"),
-    source="python/loops.py",
-    **_slow,
-))
-register(Implementation(
-    name="python.outer", language="python", device="cpu", dtypes=("float32", "float64"),
-    summary="sum of outer products: one rank-1 update of all of C per k",
-    backend=PythonLoopsBackend("matmul_outer"),
-    source="python/loops.py",
-    **_slow,
-))
-register(Implementation(
-    name="python.tiled_model", language="python", device="cpu", dtypes=("float32",),
-    summary="chapter-12 tiled kernel modelled on the CPU with NumPy tiles; counts its loads",
-    backend=TiledModelBackend(),
-    source="python/tiling.py",
-    options={"tile": 16},
-    # one NumPy tile product per (i, j, p) triple: about 2e8 FLOP/s, so 8192^3 takes 1.5 hours
-    max_flops=2 * 1024**3,
-    slow_rate=2e8,
-))
+register(
+    Implementation(
+        name="python.ijk",
+        language="python",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="textbook triple loop: each output a dot product of a row and a column",
+        backend=PythonLoopsBackend("matmul_ijk"),
+        source="python/loops.py",
+        **_slow,
+    )
+)
+register(
+    Implementation(
+        name="python.ikj",
+        language="python",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="i, p, j order: each row of C a running sum of scaled rows of B",
+        backend=PythonLoopsBackend("matmul_ikj"),
+        source="python/loops.py",
+        **_slow,
+    )
+)
+register(
+    Implementation(
+        name="python.outer",
+        language="python",
+        device="cpu",
+        dtypes=("float32", "float64"),
+        summary="sum of outer products: one rank-1 update of all of C per k",
+        backend=PythonLoopsBackend("matmul_outer"),
+        source="python/loops.py",
+        **_slow,
+    )
+)
+register(
+    Implementation(
+        name="python.tiled_model",
+        language="python",
+        device="cpu",
+        dtypes=("float32",),
+        summary="chapter-12 tiled kernel modelled on the CPU with NumPy tiles; counts its loads",
+        backend=TiledModelBackend(),
+        source="python/tiling.py",
+        options={"tile": 16},
+        # one NumPy tile product per (i, j, p) triple: about 2e8 FLOP/s, so 8192^3 takes 1.5 hours
+        max_flops=2 * 1024**3,
+        slow_rate=2e8,
+    )
+)

@@ -5,6 +5,7 @@ GEMM would be a different, less accurate product) and no reduced-precision reduc
 BF16/FP16 (the hand kernels accumulate in FP32 all the way). Timing, conversions and peaks are
 ``harness.gpu``'s, shared with the CUDA and Triton adapters.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,10 +66,15 @@ class TorchCudaBackend:
         return gpu.peak_for(impl.operation, dtype)
 
 
-register(Implementation(
-    name="torch.cublas", language="torch", device="gpu", dtypes=("float32", "bfloat16", "float16"),
-    summary="torch.matmul on CUDA tensors, i.e. cuBLAS (the GPU baseline; TF32 off)",
-    backend=TorchCudaBackend(),
-    requires=("gpu", "torch"),
-    baseline=True,
-))
+register(
+    Implementation(
+        name="torch.cublas",
+        language="torch",
+        device="gpu",
+        dtypes=("float32", "bfloat16", "float16"),
+        summary="torch.matmul on CUDA tensors, i.e. cuBLAS (the GPU baseline; TF32 off)",
+        backend=TorchCudaBackend(),
+        requires=("gpu", "torch"),
+        baseline=True,
+    )
+)

@@ -10,7 +10,8 @@ Without one they run on Triton's CPU interpreter, on CPU torch tensors, as a cor
 check only: the Prepared's mode is "interpreted", so tables mark the rows and nothing times
 them. The interpreter is made strict for each launch (``StrictInterpreter``): masked-off lanes
 of a load without ``other`` read NaN, an unmasked access outside the kernel's tensors is an
-error, and TF32 dots round their FP32 operands as the GPU does. The interpreter has to be chosen before Triton builds its kernels: ``@triton.jit``
+error, and TF32 dots round their FP32 operands as the GPU does. The interpreter has to be
+chosen before Triton builds its kernels: ``@triton.jit``
 reads TRITON_INTERPRET when it decorates a function, and that includes the helpers inside
 ``triton.language`` (``tl.zeros`` and friends), decorated when ``triton.language`` is first
 imported. So:
@@ -24,6 +25,7 @@ imported. So:
   inside it: the implementations then report themselves unavailable, saying to set
   TRITON_INTERPRET=1 before starting Python (or to import harness before triton).
 """
+
 from __future__ import annotations
 
 import os
@@ -32,13 +34,13 @@ from functools import lru_cache
 
 import numpy as np
 
+from .. import gpu
 from ..core import Implementation
-from ..registry import register
+from ..gpu import to_numpy
 from ..inputs import BFLOAT16
+from ..registry import register
 from ..sources import load_python_source
 from ..timing import Timing
-from .. import gpu
-from ..gpu import to_numpy
 
 INTERPRET_ENV = "TRITON_INTERPRET"
 INTERPRETED_SECONDS_PER_PROGRAM = 3e-3
@@ -88,6 +90,7 @@ def setup() -> tuple[str | None, str | None]:
             return None, f"no CUDA GPU here, and {INTERPRET_ENV}={value} rules out Triton's CPU interpreter"
     try:
         import triton
+
         if getattr(triton, "__file__", None) is None:  # a namespace package: some folder named triton
             raise ImportError(f"import triton found only the folder(s) {', '.join(triton.__path__)}")
         import triton.language  # noqa: F401
@@ -111,8 +114,10 @@ def load_source(relative: str):
     want = mode == "interpreted"
     module = load_python_source(relative)
     if module.INTERPRETED != want:  # loaded earlier in this process, with the environment changed since
-        raise RuntimeError(f"{relative} was built {'for the interpreter' if module.INTERPRETED else 'natively'} "
-                           f"but this process now runs Triton {mode}; restart Python")
+        raise RuntimeError(
+            f"{relative} was built {'for the interpreter' if module.INTERPRETED else 'natively'} "
+            f"but this process now runs Triton {mode}; restart Python"
+        )
     return module
 
 
@@ -154,10 +159,12 @@ class StrictInterpreter:
         from triton.runtime import interpreter
 
         builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
-        self._saved = {(builder, "create_masked_load"): builder.create_masked_load,
-                       (builder, "create_masked_store"): builder.create_masked_store,
-                       (builder, "create_dot"): builder.create_dot,
-                       (executor, "_init_args_hst"): executor._init_args_hst}
+        self._saved = {
+            (builder, "create_masked_load"): builder.create_masked_load,
+            (builder, "create_masked_store"): builder.create_masked_store,
+            (builder, "create_dot"): builder.create_dot,
+            (executor, "_init_args_hst"): executor._init_args_hst,
+        }
         strict = self
         load, store, dot, init_args = (self._saved[key] for key in self._saved)
 
@@ -210,8 +217,10 @@ class StrictInterpreter:
             inside |= (addresses >= np.uint64(low)) & (addresses + itemsize <= np.uint64(high))
         outside = active & ~inside
         if outside.any():
-            raise IndexError(f"out-of-bounds {what}: {int(outside.sum())} unmasked lane(s) address memory outside "
-                             "every tensor the kernel was given (Triton's interpreter would have read or written it)")
+            raise IndexError(
+                f"out-of-bounds {what}: {int(outside.sum())} unmasked lane(s) address memory outside "
+                "every tensor the kernel was given (Triton's interpreter would have read or written it)"
+            )
 
 
 def interpreter_itemsize(ptrs) -> int:
@@ -311,32 +320,47 @@ class TritonBackend:
         return gpu.peak_for(impl.operation, dtype)
 
 
-register(Implementation(
-    name="triton.matmul", language="triton", device="gpu", dtypes=("float32", "float16", "bfloat16"),
-    summary="tl.dot on BLOCK_M x BLOCK_N tiles in grouped order (L2 reuse), FP32 accumulate, autotuned",
-    backend=TritonBackend("matmul"),
-    source="triton/matmul.py",
-    requires=("gpu", "torch", "triton"),
-    options={"allow_tf32": False, "config": None},
-))
-register(Implementation(
-    name="triton.matmul_tma", language="triton", device="gpu", dtypes=("float16", "bfloat16"),
-    summary="persistent (one program per SM, grouped tile order), A, B and C moved by TMA via "
+register(
+    Implementation(
+        name="triton.matmul",
+        language="triton",
+        device="gpu",
+        dtypes=("float32", "float16", "bfloat16"),
+        summary="tl.dot on BLOCK_M x BLOCK_N tiles in grouped order (L2 reuse), FP32 accumulate, autotuned",
+        backend=TritonBackend("matmul"),
+        source="triton/matmul.py",
+        requires=("gpu", "torch", "triton"),
+        options={"allow_tf32": False, "config": None},
+    )
+)
+register(
+    Implementation(
+        name="triton.matmul_tma",
+        language="triton",
+        device="gpu",
+        dtypes=("float16", "bfloat16"),
+        summary="persistent (one program per SM, grouped tile order), A, B and C moved by TMA via "
         "tensor descriptors; sm_90+",
-    backend=TritonBackend("matmul_tma", needs_tma=True),
-    source="triton/matmul_tma.py",
-    requires=("gpu", "torch", "triton"),
-    options={"config": None, "programs": None},
-))
-register(Implementation(
-    name="triton.gemv", language="triton", device="gpu", dtypes=("float32", "float16", "bfloat16"),
-    summary="y = W x streamed at HBM bandwidth: rows of W split across programs, FP32 accumulate",
-    backend=TritonBackend("gemv", gemv=True),
-    source="triton/gemv.py",
-    operation="gemv",
-    requires=("gpu", "torch", "triton"),
-    options={"config": None},
-))
+        backend=TritonBackend("matmul_tma", needs_tma=True),
+        source="triton/matmul_tma.py",
+        requires=("gpu", "torch", "triton"),
+        options={"config": None, "programs": None},
+    )
+)
+register(
+    Implementation(
+        name="triton.gemv",
+        language="triton",
+        device="gpu",
+        dtypes=("float32", "float16", "bfloat16"),
+        summary="y = W x streamed at HBM bandwidth: rows of W split across programs, FP32 accumulate",
+        backend=TritonBackend("gemv", gemv=True),
+        source="triton/gemv.py",
+        operation="gemv",
+        requires=("gpu", "torch", "triton"),
+        options={"config": None},
+    )
+)
 
 
 class TritonDecodeBackend(TritonBackend):
@@ -372,12 +396,18 @@ class TritonDecodeBackend(TritonBackend):
         return _TritonPrepared(mode, launch, (x.shape[0], w.n))
 
 
-register(Implementation(
-    name="triton.decode", language="triton", device="gpu", dtypes=("float32",), weights=("q8_0", "q4_0", "bf16"),
-    summary="decode, Y = X W^T with W in q8_0 / q4_0 / bf16: blocks of W dequantized in registers, each applied to "
+register(
+    Implementation(
+        name="triton.decode",
+        language="triton",
+        device="gpu",
+        dtypes=("float32",),
+        weights=("q8_0", "q4_0", "bf16"),
+        summary="decode, Y = X W^T with W in q8_0 / q4_0 / bf16: blocks of W dequantized in registers, each applied to "
         "M = 1..16 rows of X, FP32 accumulate",
-    backend=TritonDecodeBackend(),
-    source="triton/decode.py",
-    requires=("gpu", "torch", "triton"),
-    options={"config": None},
-))
+        backend=TritonDecodeBackend(),
+        source="triton/decode.py",
+        requires=("gpu", "torch", "triton"),
+        options={"config": None},
+    )
+)

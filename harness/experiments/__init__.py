@@ -4,18 +4,32 @@ Each experiment is a module here that satisfies ``Experiment`` (below; a test ch
 ``python -m harness <NAME> --out DIR`` runs one; ``python -m harness experiments --out DIR`` runs
 them all and ``python -m harness report DIR`` gathers them into DIR/REPORT.md.
 """
+
 from __future__ import annotations
 
 import argparse
 from typing import Protocol, runtime_checkable
+
+from . import (
+    association,
+    blas_grid,
+    comparison,
+    decode,
+    gemv_bandwidth,
+    loads,
+    loop_orders,
+    roofline,
+    tile_quantization,
+    tile_sweep,
+)
 
 
 @runtime_checkable
 class Experiment(Protocol):
     """What the command line and the report need of an experiment module."""
 
-    NAME: str      # the subcommand, and the stem of its files: <out_dir>/<NAME>.json and .png
-    TITLE: str     # one line: the report's heading and the command's help
+    NAME: str  # the subcommand, and the stem of its files: <out_dir>/<NAME>.json and .png
+    TITLE: str  # one line: the report's heading and the command's help
     DURATION: str  # how long it takes on a 2-core machine, said before it starts
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -32,11 +46,18 @@ class Experiment(Protocol):
         """What it found, in a few lines for the terminal."""
 
 
-from . import (association, blas_grid, comparison, decode, gemv_bandwidth, loads, loop_orders, roofline,
-               tile_quantization, tile_sweep)
-
 EXPERIMENTS = {
     module.NAME: module
-    for module in (comparison, loads, loop_orders, tile_sweep, tile_quantization, association, roofline, gemv_bandwidth,
-                   blas_grid, decode)
+    for module in (
+        comparison,
+        loads,
+        loop_orders,
+        tile_sweep,
+        tile_quantization,
+        association,
+        roofline,
+        gemv_bandwidth,
+        blas_grid,
+        decode,
+    )
 }

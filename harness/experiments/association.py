@@ -5,14 +5,15 @@ vector-matrix products (67 MFLOP) and A@(B@C) a full 4096^3 matmul first (137 GF
 2000x the work, and (since a GEMV runs at memory speed, not compute speed) a smaller but still
 huge ratio in time.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from ..inputs import make_inputs
-from ..timing import time_cpu
-from .common import pyplot, say, require_a_device, wanted, write
 from ..render import format_time, rate_text
+from ..timing import time_cpu
+from .common import pyplot, require_a_device, say, wanted, write
 
 NAME = "association"
 TITLE = "Association order: (A@B)@C against A@(B@C) (exercise E)"
@@ -50,8 +51,15 @@ def run(out_dir, size: int = 4096, threads: int = 1) -> dict:
     flop_ratio = counts["A@(B@C)"] / counts["(A@B)@C"]
     say(f"FLOP ratio {flop_ratio:.0f}x; time ratio " + ", ".join(f"{d} {r:.0f}x" for d, r in ratios.items()))
 
-    data = {"size": size, "threads": threads, "flops": counts, "flop_ratio": flop_ratio,
-            "time_ratio": ratios, "results_agree": agree, "rows": rows}
+    data = {
+        "size": size,
+        "threads": threads,
+        "flops": counts,
+        "flop_ratio": flop_ratio,
+        "time_ratio": ratios,
+        "results_agree": agree,
+        "rows": rows,
+    }
     return write(out_dir, NAME, data, figure(data))
 
 
@@ -63,14 +71,20 @@ def figure(data: dict):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels = [f"{r['device']} {r['order']}" for r in rows]
-    bars = ax.barh(labels, [r["seconds"] for r in rows], color=["tab:green" if r["order"] == "(A@B)@C" else "tab:red" for r in rows])
+    bars = ax.barh(
+        labels,
+        [r["seconds"] for r in rows],
+        color=["tab:green" if r["order"] == "(A@B)@C" else "tab:red" for r in rows],
+    )
     ax.bar_label(bars, labels=[format_time(r["seconds"]) for r in rows], fontsize=8, padding=3)
     ax.set_xscale("log")
     readable_log_ticks(ax.xaxis)
     ax.set_xlim(min(r["seconds"] for r in rows) / 3, max(r["seconds"] for r in rows) * 5)
     ax.invert_yaxis()
     ax.set_xlabel("seconds (log scale)")
-    ax.set_title(f"(A@B)@C vs A@(B@C), A 1x{size}, B and C {size}x{size}: {data['flop_ratio']:.0f}x the FLOPs", fontsize=10)
+    ax.set_title(
+        f"(A@B)@C vs A@(B@C), A 1x{size}, B and C {size}x{size}: {data['flop_ratio']:.0f}x the FLOPs", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
@@ -85,8 +99,16 @@ def _cpu_rows(a, b, c, counts, size, threads) -> tuple[bool, list[dict]]:
         agree = _agree(left(), right(), size)
         for label, function in (("(A@B)@C", left), ("A@(B@C)", right)):
             timing = time_cpu(function, min_time=0.3, min_repeats=2, warmup=1 if label == "(A@B)@C" else 0)
-            rows.append({"order": label, "device": "cpu", "library": "numpy", "flops": counts[label],
-                         "seconds": timing.median_s, "gflops": counts[label] / timing.median_s / 1e9})
+            rows.append(
+                {
+                    "order": label,
+                    "device": "cpu",
+                    "library": "numpy",
+                    "flops": counts[label],
+                    "seconds": timing.median_s,
+                    "gflops": counts[label] / timing.median_s / 1e9,
+                }
+            )
     return agree, rows
 
 
@@ -105,24 +127,42 @@ def _gpu_rows(a, b, c, counts) -> list[dict]:
     rows = []
     for label, function in (("(A@B)@C", lambda: (ta @ tb) @ tc), ("A@(B@C)", lambda: ta @ (tb @ tc))):
         seconds = time_cuda(function, min_time=0.3).median_s
-        rows.append({"order": label, "device": "gpu", "library": "torch (cuBLAS)", "flops": counts[label],
-                     "seconds": seconds, "gflops": counts[label] / seconds / 1e9})
+        rows.append(
+            {
+                "order": label,
+                "device": "gpu",
+                "library": "torch (cuBLAS)",
+                "flops": counts[label],
+                "seconds": seconds,
+                "gflops": counts[label] / seconds / 1e9,
+            }
+        )
     return rows
 
 
 def summarize(data: dict) -> str:
     lines = ["| device | order | GFLOP | time | GFLOP/s |", "|---|---|---:|---:|---:|"]
     for r in data["rows"]:
-        lines.append(f"| {r['device']} ({r['library']}) | {r['order']} | {rate_text(r['flops'] / 1e9)} | {format_time(r['seconds'])} | {rate_text(r['gflops'])} |")
+        lines.append(
+            f"| {r['device']} ({r['library']}) | {r['order']} | {rate_text(r['flops'] / 1e9)} | "
+            f"{format_time(r['seconds'])} | {rate_text(r['gflops'])} |"
+        )
     lines.append("")
-    lines.append(f"FLOP ratio {data['flop_ratio']:.0f}x; measured time ratio "
-                 + ", ".join(f"{d}: {r:.0f}x" for d, r in data["time_ratio"].items())
-                 + ". A GEMV runs at memory speed, so the cheap order gains less in time than in FLOPs.")
+    lines.append(
+        f"FLOP ratio {data['flop_ratio']:.0f}x; measured time ratio "
+        + ", ".join(f"{d}: {r:.0f}x" for d, r in data["time_ratio"].items())
+        + ". A GEMV runs at memory speed, so the cheap order gains less in time than in FLOPs."
+    )
     return "\n".join(lines)
 
 
 def findings(data: dict) -> list[str]:
     ratios = ", ".join(f"{device} {ratio:.0f}x" for device, ratio in data["time_ratio"].items())
-    return [f"A@(B@C) does {data['flop_ratio']:.0f}x the FLOPs of (A@B)@C and takes {ratios} the time",
-            {True: "the two orders agree", False: "the two orders DISAGREE",
-             None: "agreement checked on the CPU only (not run here)"}[data.get("results_agree")]]
+    return [
+        f"A@(B@C) does {data['flop_ratio']:.0f}x the FLOPs of (A@B)@C and takes {ratios} the time",
+        {
+            True: "the two orders agree",
+            False: "the two orders DISAGREE",
+            None: "agreement checked on the CPU only (not run here)",
+        }[data.get("results_agree")],
+    ]

@@ -23,15 +23,13 @@ Which BLIS ran, and its kernel set, is recorded (backends/peers.py): the system'
 for this CPU where one is installed, else the ``blis`` package, which on some CPUs runs generic
 reference code (and one thread whatever is asked).
 """
+
 from __future__ import annotations
 
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
-
-import numpy as np
 
 from .. import machine
 from ..checking import check, reference
@@ -46,28 +44,40 @@ DURATION = "about 8 minutes for the whole grid"  # on a 2-core machine, said bef
 
 # The grid: squares, a ragged cube, GEMV (M = 1), matrix-vector (N = 1), small M, small K.
 SHAPES = (
-    "128", "256", "512", "1024", "2048", "4096",
+    "128",
+    "256",
+    "512",
+    "1024",
+    "2048",
+    "4096",
     "1023x1025x1027",
-    "1x4096x4096", "1x8192x8192", "4096x1x4096",
-    "8x4096x4096", "16x4096x4096", "64x4096x4096",
-    "4096x4096x16", "4096x4096x64",
+    "1x4096x4096",
+    "1x8192x8192",
+    "4096x1x4096",
+    "8x4096x4096",
+    "16x4096x4096",
+    "64x4096x4096",
+    "4096x4096x16",
+    "4096x4096x64",
 )
 TWO_THREADS_ONLY = {"4096"}  # 4096^3 takes seconds a call on one thread; the default grid skips it there
 SMALL_SHAPE = "64"  # the call-overhead case, with its own target
 
-TARGET_MIN = 0.9      # c.packed / NumPy on every shape
-TARGET_MEDIAN = 1.0   # on the median shape
-TARGET_SMALL = 0.7    # at 64^3
+TARGET_MIN = 0.9  # c.packed / NumPy on every shape
+TARGET_MEDIAN = 1.0  # on the median shape
+TARGET_SMALL = 0.7  # at 64^3
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), metavar="SHAPE",
-                        help="shapes, N or MxNxK (default: the grid)")
+    parser.add_argument(
+        "--shapes", nargs="+", default=list(SHAPES), metavar="SHAPE", help="shapes, N or MxNxK (default: the grid)"
+    )
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="thread counts (default 1 2)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
-    parser.add_argument("--sample-time", type=float, default=0.05,
-                        help="seconds each call is timed for in one round (default 0.05)")
+    parser.add_argument(
+        "--sample-time", type=float, default=0.05, help="seconds each call is timed for in one round (default 0.05)"
+    )
 
 
 # The peers c.packed is compared with besides NumPy: column key -> registered implementation.
@@ -154,19 +164,30 @@ def verdict(rows: list[dict]) -> dict:
     torch = [r["vs_torch"] for r in grid if r.get("vs_torch") is not None]
     worst = min(grid, key=lambda r: r["vs_numpy"])
     result = {
-        "min_vs_numpy": min(ratios), "worst_case": f"{worst['shape']} {worst['dtype']} {worst['threads']}t",
+        "min_vs_numpy": min(ratios),
+        "worst_case": f"{worst['shape']} {worst['dtype']} {worst['threads']}t",
         "median_vs_numpy": statistics.median(ratios),
         "min_vs_blis": min(blis) if blis else None,
         "min_vs_torch": min(torch) if torch else None,
-        "below_min": [f"{r['shape']} {r['dtype']} {r['threads']}t: {r['vs_numpy']:.2f}" for r in grid if r["vs_numpy"] < TARGET_MIN],
+        "below_min": [
+            f"{r['shape']} {r['dtype']} {r['threads']}t: {r['vs_numpy']:.2f}"
+            for r in grid
+            if r["vs_numpy"] < TARGET_MIN
+        ],
     }
     result["small_vs_numpy"] = min((r["vs_numpy"] for r in small), default=None)
     return result
 
 
-def run(out_dir, shapes: Sequence[str] = SHAPES, threads: Sequence[int] = (1, 2),
-        dtypes: Sequence[str] = ("float32", "float64"), rounds: int = 5, sample_time: float = 0.05,
-        progress=None) -> dict:
+def run(
+    out_dir,
+    shapes: Sequence[str] = SHAPES,
+    threads: Sequence[int] = (1, 2),
+    dtypes: Sequence[str] = ("float32", "float64"),
+    rounds: int = 5,
+    sample_time: float = 0.05,
+    progress=None,
+) -> dict:
     from .common import write
 
     if progress is None and sys.stderr.isatty():
@@ -189,7 +210,8 @@ def run(out_dir, shapes: Sequence[str] = SHAPES, threads: Sequence[int] = (1, 2)
     data = {
         "description": TITLE,
         "blis_kernel": blis_kernel(),
-        "rounds": rounds, "sample_time": sample_time,
+        "rounds": rounds,
+        "sample_time": sample_time,
         "targets": {"min_vs_numpy": TARGET_MIN, "median_vs_numpy": TARGET_MEDIAN, "at_64_vs_numpy": TARGET_SMALL},
         "rows": rows,
         "verdict": verdict(rows),
@@ -203,8 +225,10 @@ def _row_line(row: dict) -> str:
     if "skipped" in row:
         return f"{row['shape']:>16} {row['dtype']} {row['threads']}t: {row['skipped']}"
     peers = "".join(f" {row[f'vs_{p}']:5.2f}x {p}" for p in PEERS if row.get(f"vs_{p}") is not None)
-    return (f"{row['shape']:>16} {row['dtype']} {row['threads']}t: {row['gflops']['c.packed']:7.1f} GFLOP/s, "
-            f"{row['vs_numpy']:5.2f}x NumPy{peers}")
+    return (
+        f"{row['shape']:>16} {row['dtype']} {row['threads']}t: {row['gflops']['c.packed']:7.1f} GFLOP/s, "
+        f"{row['vs_numpy']:5.2f}x NumPy{peers}"
+    )
 
 
 def table(data: dict) -> str:
@@ -215,8 +239,10 @@ def table(data: dict) -> str:
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     by_key = {(r["shape"], r["dtype"], r["threads"]): r for r in rows}
     heads = [f"{'f32' if d == 'float32' else 'f64'} {t}t" for d, t in columns]
-    lines = ["c.packed speed / NumPy's (/ BLIS's / torch's); above 1 = c.packed faster",
-             f"{'shape (MxNxK)':<15}" + "".join(f"{h:>16}" for h in heads)]
+    lines = [
+        "c.packed speed / NumPy's (/ BLIS's / torch's); above 1 = c.packed faster",
+        f"{'shape (MxNxK)':<15}" + "".join(f"{h:>16}" for h in heads),
+    ]
     for shape in shapes:
         cells = []
         for d, t in columns:
@@ -253,10 +279,13 @@ def findings(data: dict) -> list[str]:
     v = data.get("verdict") or {}
     if not v:
         return ["nothing measured"]
-    lines = [f"worst {v['min_vs_numpy']:.2f}x NumPy ({v['worst_case']}), median {v['median_vs_numpy']:.2f}x; "
-             f"least against BLIS ({data['blis_kernel'] or 'not installed'}): "
-             + (f"{v['min_vs_blis']:.2f}x" if v["min_vs_blis"] is not None else "not measured")
-             + ", against torch: " + (f"{v['min_vs_torch']:.2f}x" if v.get("min_vs_torch") is not None else "not measured")]
+    lines = [
+        f"worst {v['min_vs_numpy']:.2f}x NumPy ({v['worst_case']}), median {v['median_vs_numpy']:.2f}x; "
+        f"least against BLIS ({data['blis_kernel'] or 'not installed'}): "
+        + (f"{v['min_vs_blis']:.2f}x" if v["min_vs_blis"] is not None else "not measured")
+        + ", against torch: "
+        + (f"{v['min_vs_torch']:.2f}x" if v.get("min_vs_torch") is not None else "not measured")
+    ]
     if v.get("small_vs_numpy") is not None:
         lines.append(f"64^3 through the public call: {v['small_vs_numpy']:.2f}x NumPy")
     if v["below_min"]:
@@ -273,20 +302,36 @@ def _figure(data: dict):
     rows = [r for r in data["rows"] if "vs_numpy" in r]
     shapes = list(dict.fromkeys(r["shape"] for r in data["rows"]))
     figure, ax = plt.subplots(figsize=(10, 4.8))
-    styles = {("float32", 1): ("o", "tab:blue"), ("float32", 2): ("o", "tab:orange"),
-              ("float64", 1): ("s", "tab:blue"), ("float64", 2): ("s", "tab:orange")}
+    styles = {
+        ("float32", 1): ("o", "tab:blue"),
+        ("float32", 2): ("o", "tab:orange"),
+        ("float64", 1): ("s", "tab:blue"),
+        ("float64", 2): ("s", "tab:orange"),
+    }
     offsets = {("float32", 1): -0.15, ("float32", 2): -0.05, ("float64", 1): 0.05, ("float64", 2): 0.15}
     for (dtype, threads), (marker, colour) in styles.items():
         mine = [r for r in rows if (r["dtype"], r["threads"]) == (dtype, threads)]
         if not mine:
             continue
         xs = [shapes.index(r["shape"]) + offsets[(dtype, threads)] for r in mine]
-        ax.scatter(xs, [r["vs_numpy"] for r in mine], marker=marker, color=colour,
-                   label=f"{dtype}, {threads} thread{'s' * (threads > 1)}", facecolors="none" if dtype == "float64" else colour)
+        ax.scatter(
+            xs,
+            [r["vs_numpy"] for r in mine],
+            marker=marker,
+            color=colour,
+            label=f"{dtype}, {threads} thread{'s' * (threads > 1)}",
+            facecolors="none" if dtype == "float64" else colour,
+        )
         spans = [(x, r["vs_numpy_range"]) for x, r in zip(xs, mine) if r.get("vs_numpy_range")]
         if spans:  # the ratio's range over the rounds: how far one round can be from the median
-            ax.vlines([x for x, _ in spans], [lo for _, (lo, hi) in spans], [hi for _, (lo, hi) in spans],
-                      color=colour, linewidth=1, alpha=0.6)
+            ax.vlines(
+                [x for x, _ in spans],
+                [lo for _, (lo, hi) in spans],
+                [hi for _, (lo, hi) in spans],
+                color=colour,
+                linewidth=1,
+                alpha=0.6,
+            )
     ax.axhline(1.0, color="black", linewidth=1)
     ax.axhline(TARGET_MIN, color="grey", linestyle="--", linewidth=1, label=f"{TARGET_MIN}x (the floor)")
     ax.set_xticks(range(len(shapes)), shapes, rotation=45, ha="right", fontsize=8)

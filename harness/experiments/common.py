@@ -1,22 +1,29 @@
 """What every experiment shares: checked-then-timed measurements and writing JSON + PNG."""
+
 from __future__ import annotations
 
 import json
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from .. import files, machine
-from functools import lru_cache
-
 from ..checking import check
 from ..compare import blas_limits, reference_for
-from ..results import finite_or_null
-from ..core import (InputGuard, Matmul, MatmulInputError, UnavailableError, check_problem, tried_to_write_inputs,
-                    wrote_inputs_message)
+from ..core import (
+    InputGuard,
+    Matmul,
+    MatmulInputError,
+    UnavailableError,
+    check_problem,
+    tried_to_write_inputs,
+    wrote_inputs_message,
+)
 from ..inputs import make_inputs, parse_shape
 from ..registry import lookup
+from ..results import finite_or_null
 from ..timing import time_cpu
 
 
@@ -87,7 +94,11 @@ def measure(name: str, a: np.ndarray, b: np.ndarray, min_time: float = 0.2, thre
         raise
     seconds = timing.median_s
     return {
-        **entry, "device": impl.device, "seconds": seconds, "spread": timing.spread, "repeats": timing.repeats,
+        **entry,
+        "device": impl.device,
+        "seconds": seconds,
+        "spread": timing.spread,
+        "repeats": timing.repeats,
         "gflops": shape.flops / seconds / 1e9,
         "gbytes_per_s": (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n) * a.dtype.itemsize / seconds / 1e9,
         "threads": options.get("threads", threads),
@@ -159,8 +170,10 @@ def require_a_device() -> None:
     if not (wanted("cpu") or wanted("gpu")):
         import os
 
-        raise ValueError(f"nothing to measure: {DEVICES_ENV}={os.environ.get(DEVICES_ENV)!r} leaves out the CPU "
-                         "and no GPU is visible")
+        raise ValueError(
+            f"nothing to measure: {DEVICES_ENV}={os.environ.get(DEVICES_ENV)!r} leaves out the CPU "
+            "and no GPU is visible"
+        )
 
 
 def gpu_present() -> bool:
@@ -204,5 +217,8 @@ def gpu_peaks() -> dict | None:
     peaks = gpu.device_peaks()
     if not peaks:
         return None
-    return {"device": gpu.device_name(), "bandwidth_gbps": peaks["bandwidth"],
-            **{dtype: peaks[dtype] for dtype in ("float32", "bfloat16", "float16")}}
+    return {
+        "device": gpu.device_name(),
+        "bandwidth_gbps": peaks["bandwidth"],
+        **{dtype: peaks[dtype] for dtype in ("float32", "bfloat16", "float16")},
+    }

@@ -16,6 +16,7 @@ whose quantized weights exceed the last-level cache (8192 x 28672):
 Every row is checked before it is timed (harness.compare with weights=...); the libraries a
 user would pick (NumPy, BLIS, torch for float32; ggml where installed) run beside ours.
 """
+
 from __future__ import annotations
 
 from .. import machine
@@ -27,7 +28,8 @@ from .common import pyplot, say, write
 
 NAME = "decode"
 TITLE = "Decode: GEMV time against bytes per weight and against the batch (quantized weights)"
-DURATION = "about 10 minutes on 2 cores (making and quantizing 940 MB weight matrices is a good part of it)"  # on a 2-core machine, said before it starts
+# said before it starts
+DURATION = "about 10 minutes on 2 cores (making and quantizing 940 MB weight matrices is a good part of it)"
 
 # MxNxK: M activation rows, W [N, K]
 SHAPES = ("1x4096x4096", "1x14336x4096", "1x4096x14336", "1x8192x28672")
@@ -59,8 +61,9 @@ def _rows(results, sweep: str, threads: int) -> list[dict]:
     return rows
 
 
-def run(out_dir, shapes=SHAPES, batches=BATCHES, batch_shape: str = BATCH_SHAPE, threads=(1, 2),
-        min_time: float = 0.2) -> dict:
+def run(
+    out_dir, shapes=SHAPES, batches=BATCHES, batch_shape: str = BATCH_SHAPE, threads=(1, 2), min_time: float = 0.2
+) -> dict:
     if any(parse_shape(s).m != 1 for s in shapes):
         raise ValueError(f"--shapes are M = 1 decode shapes (1xNxK), got {' '.join(shapes)}")
     n, k = (int(v) for v in batch_shape.lower().split("x"))
@@ -71,13 +74,21 @@ def run(out_dir, shapes=SHAPES, batches=BATCHES, batch_shape: str = BATCH_SHAPE,
         rows += _rows(results, "bytes", count)
     batch_threads = max(threads)
     say(f"  batch M = {', '.join(map(str, batches))} at N x K = {n} x {k}, {batch_threads} thread(s)")
-    results = compare([f"{m}x{n}x{k}" for m in batches], _impls(), weights=list(FORMATS), threads=batch_threads,
-                      min_time=min_time)
+    results = compare(
+        [f"{m}x{n}x{k}" for m in batches], _impls(), weights=list(FORMATS), threads=batch_threads, min_time=min_time
+    )
     rows += _rows(results, "batch", batch_threads)
     roofs = {str(count): machine.memory_roof_gbps(count) for count in threads}
     peak = machine.cpu_peak_gflops("float32", cores=batch_threads)
-    data = {"rows": rows, "memory_roof_gbps": roofs, "peak_gflops": peak, "batch_threads": batch_threads,
-            "batch_shape": f"{n}x{k}", "formats": list(FORMATS), "bytes_per_weight": BYTES_PER_WEIGHT}
+    data = {
+        "rows": rows,
+        "memory_roof_gbps": roofs,
+        "peak_gflops": peak,
+        "batch_threads": batch_threads,
+        "batch_shape": f"{n}x{k}",
+        "formats": list(FORMATS),
+        "bytes_per_weight": BYTES_PER_WEIGHT,
+    }
     return write(out_dir, NAME, data, figure(data))
 
 
@@ -97,10 +108,14 @@ def figure(data: dict):
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
     threads = max(int(t) for t in data["memory_roof_gbps"])
     roof = data["memory_roof_gbps"].get(str(threads))
-    for index, shape in enumerate(sorted({r["shape"] for r in rows if r["sweep"] == "bytes"},
-                                         key=lambda s: parse_shape(s).flops)):
-        points = [(BYTES_PER_WEIGHT[f], row["median_s"] * 1e3) for f in data["formats"]
-                  if (row := _ours(rows, sweep="bytes", shape=shape, weights=f, threads_asked=threads))]
+    for index, shape in enumerate(
+        sorted({r["shape"] for r in rows if r["sweep"] == "bytes"}, key=lambda s: parse_shape(s).flops)
+    ):
+        points = [
+            (BYTES_PER_WEIGHT[f], row["median_s"] * 1e3)
+            for f in data["formats"]
+            if (row := _ours(rows, sweep="bytes", shape=shape, weights=f, threads_asked=threads))
+        ]
         colour = plt.get_cmap("tab10")(index)
         left.plot(*zip(*points), marker="o", color=colour, label=f"{shape[2:]} (N x K)") if points else None
         if roof:
@@ -109,25 +124,37 @@ def figure(data: dict):
             left.plot(bytes_, [b * n * k / roof / 1e6 for b in bytes_], linestyle=":", color=colour, linewidth=0.8)
     left.set_xscale("log", base=2)
     left.set_yscale("log")
-    left.set_xticks([BYTES_PER_WEIGHT[f] for f in data["formats"]],
-                    [f"{f}\n{BYTES_PER_WEIGHT[f]:.3g} B" for f in data["formats"]])
+    left.set_xticks(
+        [BYTES_PER_WEIGHT[f] for f in data["formats"]], [f"{f}\n{BYTES_PER_WEIGHT[f]:.3g} B" for f in data["formats"]]
+    )
     left.set_xlabel("bytes per weight")
     left.set_ylabel("ms per product (ours: best of c.decode, c.decode_int8; float32: c.packed)")
-    left.set_title(f"M = 1, {threads} thread(s): time against bytes (dotted: bytes / memory roof"
-                   + (f", {roof:.0f} GB/s)" if roof else ")"), fontsize=9)
+    left.set_title(
+        f"M = 1, {threads} thread(s): time against bytes (dotted: bytes / memory roof"
+        + (f", {roof:.0f} GB/s)" if roof else ")"),
+        fontsize=9,
+    )
     left.grid(True, which="both", alpha=0.3)
     left.legend(fontsize=7)
 
     n, k = (int(v) for v in data["batch_shape"].split("x"))
     for index, fmt in enumerate(data["formats"]):
-        points = [(m, row["median_s"] * 1e3) for m in sorted({r["m"] for r in rows if r["sweep"] == "batch"})
-                  if (row := _ours(rows, sweep="batch", m=m, weights=fmt))]
+        points = [
+            (m, row["median_s"] * 1e3)
+            for m in sorted({r["m"] for r in rows if r["sweep"] == "batch"})
+            if (row := _ours(rows, sweep="batch", m=m, weights=fmt))
+        ]
         if points:
             right.plot(*zip(*points), marker="o", color=plt.get_cmap("tab10")(index), label=fmt)
     if data.get("peak_gflops"):
         ms = sorted({r["m"] for r in rows if r["sweep"] == "batch"})
-        right.plot(ms, [2 * m * n * k / data["peak_gflops"] / 1e6 for m in ms], linestyle="--", color="gray",
-                   label=f"compute roof ({data['peak_gflops']:.0f} GFLOP/s)")
+        right.plot(
+            ms,
+            [2 * m * n * k / data["peak_gflops"] / 1e6 for m in ms],
+            linestyle="--",
+            color="gray",
+            label=f"compute roof ({data['peak_gflops']:.0f} GFLOP/s)",
+        )
     right.set_xscale("log", base=2)
     batches = sorted({r["m"] for r in rows if r["sweep"] == "batch"})
     right.set_xticks(batches, [str(m) for m in batches])
@@ -148,21 +175,35 @@ def _ratio(a: dict | None, b: dict | None) -> float | None:
 def summarize(data: dict) -> str:
     rows = data["rows"]
     roofs = ", ".join(f"{t} thread(s) {g:.1f} GB/s" for t, g in data["memory_roof_gbps"].items() if g)
-    lines = [f"- memory roof (streaming read, measured): {roofs or 'not measured'}", "",
-             "| shape (MxNxK) | threads | weights | ours | time | GB/s | % mem | best peer | peer time | ours vs peer |",
-             "|---|---:|---|---|---:|---:|---:|---|---:|---:|"]
+    lines = [
+        f"- memory roof (streaming read, measured): {roofs or 'not measured'}",
+        "",
+        "| shape (MxNxK) | threads | weights | ours | time | GB/s | % mem | best peer | peer time | ours vs peer |",
+        "|---|---:|---|---|---:|---:|---:|---|---:|---:|",
+    ]
     for row in rows:
         if row["sweep"] != "bytes" or row["implementation"] not in OURS or not row.get("median_s"):
             continue
-        peers = [r for r in rows if r["sweep"] == "bytes" and r["implementation"] not in OURS
-                 and r["shape"] == row["shape"] and r.get("weights") == row.get("weights")
-                 and r["threads_asked"] == row["threads_asked"]]
+        peers = [
+            r
+            for r in rows
+            if r["sweep"] == "bytes"
+            and r["implementation"] not in OURS
+            and r["shape"] == row["shape"]
+            and r.get("weights") == row.get("weights")
+            and r["threads_asked"] == row["threads_asked"]
+        ]
         peer = _best(peers)
         memory = f"{row['memory_pct']:.0f}%" if row.get("memory_pct") is not None else ""
-        versus = (f"`{peer['implementation']}` | {format_time(peer['median_s'])} | {ratio_text(_ratio(row, peer))}"
-                  if peer else " | | ")
-        lines.append(f"| {row['shape']} | {row['threads_asked']} | {row.get('weights')} | `{row['implementation']}` | "
-                     f"{format_time(row['median_s'])} | {row.get('gbytes_per_s', 0):.1f} | {memory} | {versus} |")
+        versus = (
+            f"`{peer['implementation']}` | {format_time(peer['median_s'])} | {ratio_text(_ratio(row, peer))}"
+            if peer
+            else " | | "
+        )
+        lines.append(
+            f"| {row['shape']} | {row['threads_asked']} | {row.get('weights')} | `{row['implementation']}` | "
+            f"{format_time(row['median_s'])} | {row.get('gbytes_per_s', 0):.1f} | {memory} | {versus} |"
+        )
     lines += ["", *(f"- {line}" for line in findings(data))]
     return "\n".join(lines)
 
@@ -177,22 +218,33 @@ def findings(data: dict) -> list[str]:
         q4 = _ours(rows, sweep="bytes", shape=shape, weights="q4_0", threads_asked=threads)
         if f32 and q4:
             bound = "memory" if (q4.get("memory_pct") or 0) >= 70 else "the unpacking arithmetic, not memory"
-            out.append(f"{shape}, {threads} thread(s): q4_0 runs at {ratio_text(_ratio(q4, f32))} the speed of "
-                       f"float32 for {4 / BYTES_PER_WEIGHT['q4_0']:.1f}x fewer bytes, at "
-                       f"{q4.get('memory_pct', 0):.0f}% of the memory roof: bound by {bound}")
+            out.append(
+                f"{shape}, {threads} thread(s): q4_0 runs at {ratio_text(_ratio(q4, f32))} the speed of "
+                f"float32 for {4 / BYTES_PER_WEIGHT['q4_0']:.1f}x fewer bytes, at "
+                f"{q4.get('memory_pct', 0):.0f}% of the memory roof: bound by {bound}"
+            )
     for fmt in ("q4_0", "q8_0", "float32"):
         ratios = []
         for row in rows:
             if row["sweep"] == "bytes" and row.get("weights") == fmt and row["implementation"] in OURS:
                 best = _ours(rows, sweep="bytes", shape=row["shape"], weights=fmt, threads_asked=row["threads_asked"])
-                peers = [r for r in rows if r["sweep"] == "bytes" and r.get("weights") == fmt and r["shape"] == row["shape"]
-                         and r["threads_asked"] == row["threads_asked"] and r["implementation"] not in OURS]
+                peers = [
+                    r
+                    for r in rows
+                    if r["sweep"] == "bytes"
+                    and r.get("weights") == fmt
+                    and r["shape"] == row["shape"]
+                    and r["threads_asked"] == row["threads_asked"]
+                    and r["implementation"] not in OURS
+                ]
                 if best is row and _best(peers):
                     ratios.append((_ratio(row, _best(peers)), row["shape"], row["threads_asked"]))
         if ratios:
             low, high = min(ratios), max(ratios)
-            out.append(f"{fmt}: ours against the best peer (same shape and threads): {ratio_text(low[0])} "
-                       f"({low[1]}, {low[2]} thread(s)) to {ratio_text(high[0])} ({high[1]}, {high[2]} thread(s))")
+            out.append(
+                f"{fmt}: ours against the best peer (same shape and threads): {ratio_text(low[0])} "
+                f"({low[1]}, {low[2]} thread(s)) to {ratio_text(high[0])} ({high[1]}, {high[2]} thread(s))"
+            )
     batch = sorted({r["m"] for r in rows if r["sweep"] == "batch"})
     for fmt in data["formats"]:
         times = {m: row["median_s"] for m in batch if (row := _ours(rows, sweep="batch", m=m, weights=fmt))}

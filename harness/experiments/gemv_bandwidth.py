@@ -5,10 +5,11 @@ speed at which the matrix streams from memory. Every GEMV kernel (and every GEMM
 M = 1 product) is therefore scored in GB/s of compulsory traffic (the matrix, the vector and the
 result, once each) against the bandwidth the memory can deliver.
 """
+
 from __future__ import annotations
 
 from ..registry import implementations
-from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, say, require_a_device, wanted, write
+from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, require_a_device, say, wanted, write
 
 NAME = "gemv-bandwidth"
 TITLE = "GEMV bandwidth: achieved GB/s against the memory's peak"
@@ -55,8 +56,11 @@ def run(out_dir, cpu_shapes=CPU_SHAPES) -> dict:
     measured = [r for r in rows if "gbytes_per_s" in r]
     fig, ax = plt.subplots(figsize=(9, 0.35 * max(len(measured), 4) + 1.5))
     labels = [f"{r['implementation']} {r['shape']} {r['dtype']}" for r in measured]
-    ax.barh(labels, [r["pct_of_peak"] for r in measured],
-            color=["tab:orange" if r["device"] == "gpu" else "tab:blue" for r in measured])
+    ax.barh(
+        labels,
+        [r["pct_of_peak"] for r in measured],
+        color=["tab:orange" if r["device"] == "gpu" else "tab:blue" for r in measured],
+    )
     ax.axvline(100, color="red", linestyle="--")
     ax.invert_yaxis()
     ax.set_xlabel("% of peak memory bandwidth (CPU: measured copy, one core; GPU: datasheet HBM)")
@@ -68,11 +72,18 @@ def run(out_dir, cpu_shapes=CPU_SHAPES) -> dict:
 
 
 def summarize(data: dict) -> str:
-    lines = ["- peak bandwidth: " + ", ".join(f"{d.upper()} {v:.1f} GB/s" for d, v in data["peak_gbps"].items()),
-             "", "| implementation | shape | dtype | GB/s | % of peak |", "|---|---|---|---:|---:|"]
+    lines = [
+        "- peak bandwidth: " + ", ".join(f"{d.upper()} {v:.1f} GB/s" for d, v in data["peak_gbps"].items()),
+        "",
+        "| implementation | shape | dtype | GB/s | % of peak |",
+        "|---|---|---|---:|---:|",
+    ]
     for r in data["rows"]:
         if "gbytes_per_s" in r:
-            lines.append(f"| `{r['implementation']}` | {r['shape']} | {r['dtype']} | {r['gbytes_per_s']:.1f} | {r['pct_of_peak']:.0f}% |")
+            lines.append(
+                f"| `{r['implementation']}` | {r['shape']} | {r['dtype']} | {r['gbytes_per_s']:.1f} | "
+                f"{r['pct_of_peak']:.0f}% |"
+            )
     return "\n".join(lines)
 
 

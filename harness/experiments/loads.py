@@ -6,6 +6,7 @@ The CPU model in python/tiling.py counts its loads, so this needs no GPU. A T x 
 plus one of B occupy 2 * T^2 * itemsize bytes of shared memory per block, which must fit the
 device's per-block limit.
 """
+
 from __future__ import annotations
 
 from ..checking import check
@@ -62,21 +63,30 @@ def run(out_dir, size: int = 256, tiles=(4, 8, 16, 32)) -> dict:
         outcome = check(c, a, b)
         if not outcome.passed:
             raise AssertionError(f"tiled_matmul with tile {tile} is wrong: {outcome.message}")
-        rows.append({
-            "tile": tile, "elements_loaded": loads, "naive_elements_loaded": naive,
-            "naive_over_tiled": naive / loads, "law_2MNK_over_T": 2 * size**3 // tile,
-            "fp32_intensity_flop_per_byte": tile / 4,
-        })
+        rows.append(
+            {
+                "tile": tile,
+                "elements_loaded": loads,
+                "naive_elements_loaded": naive,
+                "naive_over_tiled": naive / loads,
+                "law_2MNK_over_T": 2 * size**3 // tile,
+                "fp32_intensity_flop_per_byte": tile / 4,
+            }
+        )
     limits = shared_memory_limits()
     shared = []
     for tile in SHARED_TILES:
         for dtype, itemsize in DTYPE_BYTES.items():
             need = 2 * tile * tile * itemsize
-            shared.append({
-                "tile": tile, "dtype": dtype, "bytes": need,
-                "fits_default_per_block": need <= limits["per_block_default"],
-                "fits_optin_per_block": need <= limits["per_block_optin"],
-            })
+            shared.append(
+                {
+                    "tile": tile,
+                    "dtype": dtype,
+                    "bytes": need,
+                    "fits_default_per_block": need <= limits["per_block_default"],
+                    "fits_optin_per_block": need <= limits["per_block_optin"],
+                }
+            )
 
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -107,7 +117,10 @@ def run(out_dir, size: int = 256, tiles=(4, 8, 16, 32)) -> dict:
 def summarize(data: dict) -> str:
     lines = ["| tile | elements loaded | naive / tiled | FP32 intensity (FLOP/byte) |", "|---:|---:|---:|---:|"]
     for r in data["tiles"]:
-        lines.append(f"| {r['tile']} | {r['elements_loaded']:,} | {r['naive_over_tiled']:.0f}x | {r['fp32_intensity_flop_per_byte']:g} |")
+        lines.append(
+            f"| {r['tile']} | {r['elements_loaded']:,} | {r['naive_over_tiled']:.0f}x | "
+            f"{r['fp32_intensity_flop_per_byte']:g} |"
+        )
     pair = next(s for s in data["shared_memory"] if s["tile"] == 64 and s["dtype"] == "float32")
     limits = data["limits"]
     lines.append("")
@@ -115,7 +128,8 @@ def summarize(data: dict) -> str:
         f"A 64x64 FP32 tile pair needs {pair['bytes'] // 1024} KiB of shared memory: "
         f"{'within' if pair['fits_default_per_block'] else 'over'} the {limits['per_block_default'] // 1024} KiB "
         f"a block gets by default on {limits['device']}, and "
-        f"{'within' if pair['fits_optin_per_block'] else 'over'} the {limits['per_block_optin'] // 1024} KiB opt-in limit."
+        f"{'within' if pair['fits_optin_per_block'] else 'over'} the {limits['per_block_optin'] // 1024} KiB "
+        "opt-in limit."
     )
     return "\n".join(lines)
 
@@ -123,5 +137,7 @@ def summarize(data: dict) -> str:
 def findings(data: dict) -> list[str]:
     tiles = ", ".join(f"T={r['tile']}: {r['naive_over_tiled']:.0f}x fewer" for r in data["tiles"])
     exact = all(r["elements_loaded"] == r["law_2MNK_over_T"] for r in data["tiles"])
-    return [f"loads against the naive kernel at {data['size']}^3: {tiles}",
-            "the count is exactly 2MNK/T for every tile" if exact else "the count departs from 2MNK/T (see the JSON)"]
+    return [
+        f"loads against the naive kernel at {data['size']}^3: {tiles}",
+        "the count is exactly 2MNK/T for every tile" if exact else "the count departs from 2MNK/T (see the JSON)",
+    ]

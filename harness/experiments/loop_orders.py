@@ -5,6 +5,7 @@ same orders in C, where the ratios are far larger: an interpreter spends most of
 bookkeeping that is the same in every order, while compiled code is limited by the memory
 access pattern, which the loop order decides.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,12 +14,14 @@ from ..checking import check
 from ..core import Matmul
 from ..inputs import make_inputs
 from ..registry import REGISTRY, lookup
-from .common import measure, pyplot, say, timed_once, write
 from ..render import format_time, rate_text
+from .common import measure, pyplot, say, timed_once, write
 
 NAME = "loop-orders"
 TITLE = "Loop orders: ijk, ikj and outer products in pure Python and in C (exercise B)"
-DURATION = "about 1 minute (three pure-Python runs of about 15 s at 512^3)"  # on a 2-core machine, said before it starts
+DURATION = (
+    "about 1 minute (three pure-Python runs of about 15 s at 512^3)"  # on a 2-core machine, said before it starts
+)
 
 PYTHON_ORDERS = ("python.ijk", "python.ikj", "python.outer")
 C_ORDERS = ("c.naive_ijk", "c.naive_ikj", "c.blocked", "c.packed")
@@ -26,8 +29,9 @@ C_ORDERS = ("c.naive_ijk", "c.naive_ikj", "c.blocked", "c.packed")
 
 def add_arguments(parser) -> None:
     parser.add_argument("--size", type=int, default=512, help="square size (default 512; pure Python takes minutes)")
-    parser.add_argument("--dtype", default="float64", choices=["float32", "float64"],
-                        help="default float64: what Python's floats are")
+    parser.add_argument(
+        "--dtype", default="float64", choices=["float32", "float64"], help="default float64: what Python's floats are"
+    )
 
 
 def run(out_dir, size: int = 512, dtype: str = "float64") -> dict:
@@ -76,26 +80,41 @@ def run(out_dir, size: int = 512, dtype: str = "float64") -> dict:
         ax.text(r["seconds"], i, f" {format_time(r['seconds'])}", va="center", fontsize=8)
     ax.set_title("Same FLOPs, different loop orders")
     fig.tight_layout()
-    return write(out_dir, NAME, {"size": size, "dtype": dtype, "python": python_rows, "c": c_rows,
-                                 "python_orders_agree": agree, "ratios": ratios, "explanation": explanation}, fig)
+    return write(
+        out_dir,
+        NAME,
+        {
+            "size": size,
+            "dtype": dtype,
+            "python": python_rows,
+            "c": c_rows,
+            "python_orders_agree": agree,
+            "ratios": ratios,
+            "explanation": explanation,
+        },
+        fig,
+    )
 
 
 def explain(ratios: dict) -> str:
     def fmt(value):
         return f"{value:.2f}x" if value is not None else "n/a"
 
-    return "\n".join([
-        f"Python: ijk / ikj = {fmt(ratios['python_ijk_over_ikj'])}, ijk / outer = {fmt(ratios['python_ijk_over_outer'])}.",
-        "  In CPython every multiply-add costs tens of bytecodes whatever the order, so the orders differ only in",
-        "  the indexing each step does: ikj hoists A[i][p] and walks one row of B and one row of C (one list",
-        "  index each), where ijk does a[i][p] and b[p][j] (four indexings) per step. Cache effects are invisible",
-        "  under the interpreter's overhead, so the ratios stay small.",
-        f"C: ijk / ikj = {fmt(ratios['c_ijk_over_ikj'])}; ikj / blocked = {fmt(ratios['c_ikj_over_blocked'])}.",
-        "  Compiled, the loop order decides the memory access pattern: ijk walks B down a column (a new cache",
-        "  line every multiply) and its sum is one serial chain the compiler may not vectorize; ikj streams",
-        "  rows with unit stride and is vectorized. Blocking then keeps the reused data in cache and registers.",
-        f"Python ikj / C ikj = {fmt(ratios['python_ikj_over_c_ikj'])}: the cost of interpreting the same loop.",
-    ])
+    return "\n".join(
+        [
+            f"Python: ijk / ikj = {fmt(ratios['python_ijk_over_ikj'])}, ijk / outer = "
+            f"{fmt(ratios['python_ijk_over_outer'])}.",
+            "  In CPython every multiply-add costs tens of bytecodes whatever the order, so the orders differ only in",
+            "  the indexing each step does: ikj hoists A[i][p] and walks one row of B and one row of C (one list",
+            "  index each), where ijk does a[i][p] and b[p][j] (four indexings) per step. Cache effects are invisible",
+            "  under the interpreter's overhead, so the ratios stay small.",
+            f"C: ijk / ikj = {fmt(ratios['c_ijk_over_ikj'])}; ikj / blocked = {fmt(ratios['c_ikj_over_blocked'])}.",
+            "  Compiled, the loop order decides the memory access pattern: ijk walks B down a column (a new cache",
+            "  line every multiply) and its sum is one serial chain the compiler may not vectorize; ikj streams",
+            "  rows with unit stride and is vectorized. Blocking then keeps the reused data in cache and registers.",
+            f"Python ikj / C ikj = {fmt(ratios['python_ikj_over_c_ikj'])}: the cost of interpreting the same loop.",
+        ]
+    )
 
 
 def summarize(data: dict) -> str:
@@ -107,7 +126,9 @@ def summarize(data: dict) -> str:
 
 def findings(data: dict) -> list[str]:
     r = data["ratios"]
-    return [f"pure Python ({data['size']}^3 {data['dtype']}): ijk/ikj {r['python_ijk_over_ikj']:.2f}x, "
-            f"ijk/outer {r['python_ijk_over_outer']:.2f}x: the interpreter hides the caches",
-            f"C: ijk/ikj {r['c_ijk_over_ikj']:.0f}x, ikj/blocked {r['c_ikj_over_blocked']:.2f}x; "
-            f"Python ikj is {r['python_ikj_over_c_ikj']:.0f}x slower than C ikj"]
+    return [
+        f"pure Python ({data['size']}^3 {data['dtype']}): ijk/ikj {r['python_ijk_over_ikj']:.2f}x, "
+        f"ijk/outer {r['python_ijk_over_outer']:.2f}x: the interpreter hides the caches",
+        f"C: ijk/ikj {r['c_ijk_over_ikj']:.0f}x, ikj/blocked {r['c_ikj_over_blocked']:.2f}x; "
+        f"Python ikj is {r['python_ikj_over_c_ikj']:.0f}x slower than C ikj",
+    ]

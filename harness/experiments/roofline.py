@@ -7,12 +7,13 @@ it below the compute roof; a GEMV has I ~ 0.5 and sits on the bandwidth slope, w
 of tiling helps. CPU roofs: one core's peak from the measured clock, the SIMD width and two FMA
 units, and the bandwidth one core sustains copying a large buffer. GPU roofs: the datasheet.
 """
+
 from __future__ import annotations
 
 from .. import machine
 from ..registry import REGISTRY, implementations
-from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, say, require_a_device, wanted, write
 from ..render import rate_text
+from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, require_a_device, say, wanted, write
 
 NAME = "roofline"
 TITLE = "Roofline: measured points under the compute and bandwidth roofs"
@@ -37,8 +38,12 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
     roofs, points = {}, []
     if wanted("cpu"):
         bandwidth = cpu_bandwidth_gbps()
-        roofs["cpu"] = {"device": machine.cpu_model() + " (one core)", "bandwidth_gbps": bandwidth,
-                        "float32": machine.cpu_peak_gflops("float32"), "float64": machine.cpu_peak_gflops("float64")}
+        roofs["cpu"] = {
+            "device": machine.cpu_model() + " (one core)",
+            "bandwidth_gbps": bandwidth,
+            "float32": machine.cpu_peak_gflops("float32"),
+            "float64": machine.cpu_peak_gflops("float64"),
+        }
         say(f"CPU roofs: {roofs['cpu']['float32']:.0f} GFLOP/s FP32 peak (one core), {bandwidth:.1f} GB/s measured")
     for impl in implementations():  # the float ones: decode kernels are the decode experiment's
         if impl.device != "cpu" or "cpu" not in roofs or impl.weights:
@@ -60,7 +65,9 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
                 shape = GPU_SHAPES["gemv"] if impl.operation == "gemv" else GPU_SHAPES["gemm"]
                 a, b = inputs(shape, dtype)
                 say(f"  {impl.name} {shape} {dtype}")
-                points.append({**measure(impl.name, a, b, min_time=0.2), "intensity": intensity(shape, a.dtype.itemsize)})
+                points.append(
+                    {**measure(impl.name, a, b, min_time=0.2), "intensity": intensity(shape, a.dtype.itemsize)}
+                )
         for shape in (GPU_SHAPES["gemv"],):  # cuBLAS as a GEMV too, beside the GEMV kernels
             if "torch.cublas" in REGISTRY:
                 a, b = inputs(shape, "bfloat16")
@@ -87,12 +94,19 @@ def figure(data: dict):
                 # so the corner sits at peak / bandwidth, not at the nearest sampled power of two
                 ridge = roof[dtype] / roof["bandwidth_gbps"]
                 xs = [low, ridge, high] if low < ridge < high else [low, high]
-                axis.plot(xs, [min(roof[dtype], x * roof["bandwidth_gbps"]) for x in xs], "k" + style, linewidth=1,
-                          label=f"roof {dtype} (ridge {ridge:.1f} FLOP/byte)")
+                axis.plot(
+                    xs,
+                    [min(roof[dtype], x * roof["bandwidth_gbps"]) for x in xs],
+                    "k" + style,
+                    linewidth=1,
+                    label=f"roof {dtype} (ridge {ridge:.1f} FLOP/byte)",
+                )
         markers = "osD^v<>pPX*h"
         mine = [p for p in points if p.get("device") == device and "gflops" in p]
         for index, point in enumerate(mine):
-            name = f"{point['implementation']} {point['shape']}" + ("" if point["dtype"] == "float32" else f" {point['dtype']}")
+            name = f"{point['implementation']} {point['shape']}" + (
+                "" if point["dtype"] == "float32" else f" {point['dtype']}"
+            )
             axis.scatter(point["intensity"], point["gflops"], s=36, marker=markers[index % len(markers)], label=name)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
@@ -109,24 +123,38 @@ def figure(data: dict):
 def summarize(data: dict) -> str:
     lines = []
     for device, roof in data["roofs"].items():
-        lines.append(f"- {device.upper()} roofs ({roof['device']}): FP32 {roof['float32']:.0f} GFLOP/s, "
-                     f"bandwidth {roof['bandwidth_gbps']:.1f} GB/s")
-    lines += ["", "| implementation | shape | dtype | FLOP/byte | GFLOP/s | % of the roof at its intensity |", "|---|---|---|---:|---:|---:|"]
+        lines.append(
+            f"- {device.upper()} roofs ({roof['device']}): FP32 {roof['float32']:.0f} GFLOP/s, "
+            f"bandwidth {roof['bandwidth_gbps']:.1f} GB/s"
+        )
+    lines += [
+        "",
+        "| implementation | shape | dtype | FLOP/byte | GFLOP/s | % of the roof at its intensity |",
+        "|---|---|---|---:|---:|---:|",
+    ]
     for p in data["points"]:
         if "gflops" not in p:
             continue
         roof = data["roofs"][p["device"]]
         ceiling = min(roof.get(p["dtype"]) or roof["float32"], p["intensity"] * roof["bandwidth_gbps"])
-        lines.append(f"| `{p['implementation']}` | {p['shape']} | {p['dtype']} | {p['intensity']:.3g} | {rate_text(p['gflops'])} | {100 * p['gflops'] / ceiling:.1f}% |")
+        lines.append(
+            f"| `{p['implementation']}` | {p['shape']} | {p['dtype']} | {p['intensity']:.3g} | "
+            f"{rate_text(p['gflops'])} | {100 * p['gflops'] / ceiling:.1f}% |"
+        )
     return "\n".join(lines)
 
 
 def findings(data: dict) -> list[str]:
     text = []
     for device, roof in data["roofs"].items():
-        text.append(f"{device} roofs ({roof.get('device', '')}): FP32 {roof['float32']:,.0f} GFLOP/s, "
-                    f"{roof['bandwidth_gbps']:,.1f} GB/s, ridge at {roof['float32'] / roof['bandwidth_gbps']:.1f} FLOP/byte")
+        text.append(
+            f"{device} roofs ({roof.get('device', '')}): FP32 {roof['float32']:,.0f} GFLOP/s, "
+            f"{roof['bandwidth_gbps']:,.1f} GB/s, ridge at {roof['float32'] / roof['bandwidth_gbps']:.1f} FLOP/byte"
+        )
     best = sorted((p for p in data["points"] if p.get("gflops")), key=lambda p: -p["gflops"])[:3]
-    text += [f"  {p['implementation']} {p['shape']} {p['dtype']}: {p['gflops']:,.1f} GFLOP/s at "
-             f"{p['intensity']:.0f} FLOP/byte" for p in best]
+    text += [
+        f"  {p['implementation']} {p['shape']} {p['dtype']}: {p['gflops']:,.1f} GFLOP/s at "
+        f"{p['intensity']:.0f} FLOP/byte"
+        for p in best
+    ]
     return text

@@ -6,11 +6,12 @@ crosses a multiple of the tile height, while the FLOPs grow by under 1%. On the 
 experiment shows the (much smaller) steps of the packed kernel's MR-row micro-tiles and of
 OpenBLAS's blocking.
 """
+
 from __future__ import annotations
 
 from ..registry import REGISTRY
-from .common import inputs, measure, pyplot, say, require_a_device, wanted, write
 from ..render import format_time
+from .common import inputs, measure, pyplot, require_a_device, say, wanted, write
 
 NAME = "tile-quantization"
 TITLE = "Tile quantization: (M, 4096) @ (4096, 4096) around multiples of 128 (exercise D)"
@@ -56,8 +57,11 @@ def figure(data: dict):
     series = sorted({(r["implementation"], r["dtype"]) for r in data["rows"] if "seconds" in r})
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     for name, dtype in series:
-        points = sorted((r["m"], r["seconds"], r["gflops"]) for r in data["rows"]
-                        if r["implementation"] == name and r["dtype"] == dtype and "seconds" in r)
+        points = sorted(
+            (r["m"], r["seconds"], r["gflops"])
+            for r in data["rows"]
+            if r["implementation"] == name and r["dtype"] == dtype and "seconds" in r
+        )
         label = f"{name} ({dtype})"
         left.plot([position[p[0]] for p in points], [p[1] * 1e3 for p in points], "o-", label=label)
         right.plot([position[p[0]] for p in points], [p[2] for p in points], "o-", label=label)
@@ -114,13 +118,19 @@ def what_it_shows(data: dict) -> str:
 def summarize(data: dict) -> str:
     m_values = data["m_values"]
     series = sorted({(r["implementation"], r["dtype"]) for r in data["rows"] if "seconds" in r})
-    lines = ["| implementation | dtype | " + " | ".join(f"M={m}" for m in m_values) + " |",
-             "|---|---|" + "---:|" * len(m_values)]
+    lines = [
+        "| implementation | dtype | " + " | ".join(f"M={m}" for m in m_values) + " |",
+        "|---|---|" + "---:|" * len(m_values),
+    ]
     for name, dtype in series:
         cells = []
         for m in m_values:
-            hit = [r for r in data["rows"] if r["implementation"] == name and r["dtype"] == dtype and r["m"] == m and "seconds" in r]
-            cells.append(format_time(hit[0]['seconds']) if hit else "")
+            hit = [
+                r
+                for r in data["rows"]
+                if r["implementation"] == name and r["dtype"] == dtype and r["m"] == m and "seconds" in r
+            ]
+            cells.append(format_time(hit[0]["seconds"]) if hit else "")
         lines.append(f"| `{name}` | {dtype} | " + " | ".join(cells) + " |")
     skipped = sorted({f"`{r['implementation']}`: {r['skipped']}" for r in data["rows"] if "skipped" in r})
     if skipped:

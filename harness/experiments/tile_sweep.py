@@ -25,23 +25,23 @@ registers across the tile's depth. So the tile sets two things the curve shows:
 The best sits in between, and still well below the BLAS, which also packs and keeps a 2-D
 block of C in registers.
 """
+
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Sequence
-
-import math
 
 from .. import files, machine
 from ..checking import check, reference
 from ..compare import blas_limits
-from ..results import finite_or_null
 from ..core import InputGuard, Matmul, wrote_inputs_message
 from ..inputs import Shape, make_inputs, parse_shape
 from ..registry import lookup
-from ..timing import time_cpu
 from ..render import rate_text
+from ..results import finite_or_null
+from ..timing import time_cpu
 
 NAME = "tile-sweep"
 TITLE = "Tile sweep: c.blocked's GFLOP/s against its tile size, beside naive C and the BLAS (exercise C)"
@@ -102,9 +102,17 @@ def _where(size: int, caches: dict) -> str:
 def add_arguments(parser) -> None:
     from ..inputs import shape_argument
 
-    parser.add_argument("--shape", type=shape_argument, default=parse_shape(1024), metavar="SHAPE", help="N or MxNxK (default 1024)")
-    parser.add_argument("--tiles", nargs="+", type=int, default=[8, 16, 32, 64, 128, 256], metavar="TILE",
-                        help="tile sizes (default 8 16 32 64 128 256)")
+    parser.add_argument(
+        "--shape", type=shape_argument, default=parse_shape(1024), metavar="SHAPE", help="N or MxNxK (default 1024)"
+    )
+    parser.add_argument(
+        "--tiles",
+        nargs="+",
+        type=int,
+        default=[8, 16, 32, 64, 128, 256],
+        metavar="TILE",
+        help="tile sizes (default 8 16 32 64 128 256)",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--threads", type=int, default=1, help="threads for c.packed and the BLAS (default 1)")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds of timed runs per point (default 0.2)")
@@ -114,10 +122,10 @@ def summarize(data: dict) -> str:
     """Markdown: one row per tile size, then the reference lines."""
     lines = ["| what | shape | GFLOP/s |", "|---|---|---:|"]
     for row in data["sweep"]:
-        speed = rate_text(row['gflops']) if "gflops" in row else row["status"]
+        speed = rate_text(row["gflops"]) if "gflops" in row else row["status"]
         lines.append(f"| `c.blocked` tile {row['tile']} | {row['shape']} | {speed} |")
     for row in data["lines"]:
-        speed = rate_text(row['gflops']) if "gflops" in row else row["status"]
+        speed = rate_text(row["gflops"]) if "gflops" in row else row["status"]
         lines.append(f"| `{row['implementation']}` | {row['shape']} | {speed} |")
     return "\n".join(lines) + "\n\n" + " ".join(findings(data)[1:])
 
@@ -144,8 +152,14 @@ def _measure(name: str, shape: Shape, dtype: str, min_time: float, **options) ->
     return {**entry, "status": "ok", **timing.as_dict(), "gflops": shape.flops / timing.median_s / 1e9}
 
 
-def run(out_dir, shape=1024, tiles: Sequence[int] = (8, 16, 32, 64, 128, 256), dtype: str = "float32",
-        threads: int = 1, min_time: float = 0.2) -> dict:
+def run(
+    out_dir,
+    shape=1024,
+    tiles: Sequence[int] = (8, 16, 32, 64, 128, 256),
+    dtype: str = "float32",
+    threads: int = 1,
+    min_time: float = 0.2,
+) -> dict:
     """Time c.blocked at every tile size and the reference lines; write tile-sweep.json/.png."""
     shape = parse_shape(shape)
     tiles = [int(t) for t in tiles]
@@ -155,8 +169,11 @@ def run(out_dir, shape=1024, tiles: Sequence[int] = (8, 16, 32, 64, 128, 256), d
         raise ValueError(f"threads must be >= 1, got {threads}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    small = shape if shape.flops <= Shape(NAIVE_IJK_MAX, NAIVE_IJK_MAX, NAIVE_IJK_MAX).flops else \
-        Shape(*(min(d, NAIVE_IJK_MAX) for d in shape))
+    small = (
+        shape
+        if shape.flops <= Shape(NAIVE_IJK_MAX, NAIVE_IJK_MAX, NAIVE_IJK_MAX).flops
+        else Shape(*(min(d, NAIVE_IJK_MAX) for d in shape))
+    )
 
     with blas_limits(threads):
         sweep = [{"tile": t, **_measure("c.blocked", shape, dtype, min_time, tile=t)} for t in tiles]
@@ -189,7 +206,9 @@ def run(out_dir, shape=1024, tiles: Sequence[int] = (8, 16, 32, 64, 128, 256), d
         "caches": cache_sizes(),
         "machine": machine.machine_info(),
     }
-    files.write_text(out_dir / f"{NAME}.json", json.dumps(finite_or_null(data), indent=2, default=str, allow_nan=False) + "\n")
+    files.write_text(
+        out_dir / f"{NAME}.json", json.dumps(finite_or_null(data), indent=2, default=str, allow_nan=False) + "\n"
+    )
     _plot(data, out_dir / f"{NAME}.png")
     return data
 
@@ -203,22 +222,35 @@ def _plot(data: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     points = [(row["tile"], row["gflops"]) for row in data["sweep"] if row["status"] == "ok"]
     if points:
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="C0",
-                label=f"c.blocked ({data['shape']})")
-    styles = {"c.naive_ikj": ("C1", "--"), "c.naive_ijk": ("C2", ":"), "c.packed": ("C3", "-."), "numpy.matmul": ("C4", "-")}
+        ax.plot(
+            [p[0] for p in points], [p[1] for p in points], marker="o", color="C0", label=f"c.blocked ({data['shape']})"
+        )
+    styles = {
+        "c.naive_ikj": ("C1", "--"),
+        "c.naive_ijk": ("C2", ":"),
+        "c.packed": ("C3", "-."),
+        "numpy.matmul": ("C4", "-"),
+    }
     for line in data["lines"]:
         if line["status"] != "ok":
             continue
         color, style = styles.get(line["implementation"], ("gray", "--"))
         at = "" if line["shape"] == data["shape"] else f" at {line['shape']}"
-        ax.axhline(line["gflops"], color=color, linestyle=style, label=f"{line['implementation']}{at}: {line['gflops']:.1f}")
+        ax.axhline(
+            line["gflops"], color=color, linestyle=style, label=f"{line['implementation']}{at}: {line['gflops']:.1f}"
+        )
     caches = data.get("caches") or {}
     itemsize = 4 if data["dtype"] == "float32" else 8
     for level, style in (("l1", ":"), ("l2", "--")):
         if level in caches:  # the tile edge whose tile x tile B tile just fills this cache
             edge = math.sqrt(caches[level] / itemsize)
-            ax.axvline(edge, color="gray", linestyle=style, linewidth=1,
-                       label=f"B tile = {level.upper()} ({_kib(caches[level])}): tile {edge:.0f}")
+            ax.axvline(
+                edge,
+                color="gray",
+                linestyle=style,
+                linewidth=1,
+                label=f"B tile = {level.upper()} ({_kib(caches[level])}): tile {edge:.0f}",
+            )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks([row["tile"] for row in data["sweep"]])
@@ -246,20 +278,29 @@ def findings(data: dict) -> list[str]:
     if best in sweep:
         held = f", its B tile {_kib(sizes[best])}" if best in sizes else ""
         held += f" in {_where(sizes[best], caches)}" if held and caches else ""
-        text.append(f"best tile {best} ({sweep[best]:.1f} GFLOP/s{held}); beside it " +
-                    ", ".join(f"{name} {g:.1f}" for name, g in lines.items()) + ".")
+        text.append(
+            f"best tile {best} ({sweep[best]:.1f} GFLOP/s{held}); beside it "
+            + ", ".join(f"{name} {g:.1f}" for name, g in lines.items())
+            + "."
+        )
     if caches:
-        text.append("Caches of one core: " + ", ".join(f"{k.upper()} {_kib(v)}" for k, v in sorted(caches.items())) + ".")
+        text.append(
+            "Caches of one core: " + ", ".join(f"{k.upper()} {_kib(v)}" for k, v in sorted(caches.items())) + "."
+        )
         fits = [t for t in sweep if t in sizes and "l2" in caches and sizes[t] <= caches["l2"]]
         beyond = [t for t in sweep if t in sizes and "l2" in caches and sizes[t] > caches["l2"]]
         if fits and beyond:
             last, first = max(fits), min(beyond)
-            text.append(f"Past the L2: tile {first}'s B tile ({_kib(sizes[first])}) no longer fits and "
-                        f"comes from L3 for every row of A: {sweep[first]:.1f} GFLOP/s against "
-                        f"{sweep[last]:.1f} at tile {last}.")
+            text.append(
+                f"Past the L2: tile {first}'s B tile ({_kib(sizes[first])}) no longer fits and "
+                f"comes from L3 for every row of A: {sweep[first]:.1f} GFLOP/s against "
+                f"{sweep[last]:.1f} at tile {last}."
+            )
     small = min(sweep) if sweep else None
     if small is not None and "c.naive_ikj" in lines:
-        text.append(f"Smallest tile {small}: {sweep[small]:.1f} GFLOP/s against naive ikj's "
-                    f"{lines['c.naive_ikj']:.1f} (it loads and stores C once per {small} multiply-adds, "
-                    "ikj on every one).")
+        text.append(
+            f"Smallest tile {small}: {sweep[small]:.1f} GFLOP/s against naive ikj's "
+            f"{lines['c.naive_ikj']:.1f} (it loads and stores C once per {small} multiply-adds, "
+            "ikj on every one)."
+        )
     return text

@@ -22,13 +22,20 @@ Which path runs:
 - otherwise the implementations are unavailable, and the reason says which of the above is
   missing.
 """
+
 from __future__ import annotations
 
 from ... import gpu
 from ...core import Implementation
-from ...registry import register
 from ...inputs import Shape, dtype_name
-from .emulation import EMULATE_ENV, EmulatedPrepared, emulated_library, emulation_requested, emulation_unavailable_reason
+from ...registry import register
+from .emulation import (
+    EMULATE_ENV,
+    EmulatedPrepared,
+    emulated_library,
+    emulation_requested,
+    emulation_unavailable_reason,
+)
 from .loaders import NativePrepared, _device_arch, native_unavailable_reason
 from .plans import cdiv, decode_buffers, decode_technique, kernel_buffers, plan
 from .resources import resource_table
@@ -53,8 +60,10 @@ class CudaBackend:
         if self.gpu_archs:
             arch = _device_arch()
             if arch not in self.gpu_archs:
-                return (f"{impl.name} needs a {' or '.join(self.gpu_archs)} GPU (Hopper: H100/H200) and this one is "
-                        f"{arch}; set {EMULATE_ENV}=1 to check it on the CPU emulation")
+                return (
+                    f"{impl.name} needs a {' or '.join(self.gpu_archs)} GPU (Hopper: H100/H200) and this one is "
+                    f"{arch}; set {EMULATE_ENV}=1 to check it on the CPU emulation"
+                )
         return None
 
     def run_mode(self, impl) -> str:
@@ -71,7 +80,9 @@ class CudaBackend:
                 launch = plan(decode_technique("q4_0", shape.m), "float32", shape.m, shape.n, cdiv(shape.k, 32) * 32)
             else:
                 launch = plan(self.technique, dtype, shape.m, shape.n, shape.k)
-            threads = launch.grid[0] * launch.grid[1] * launch.grid[2] * launch.block[0] * launch.block[1] * launch.block[2]
+            threads = (
+                launch.grid[0] * launch.grid[1] * launch.grid[2] * launch.block[0] * launch.block[1] * launch.block[2]
+            )
         except (ValueError, KeyError):  # a shape the plan refuses is refused later, by name
             threads = 0
         return threads * EMULATED_SECONDS_PER_THREAD + shape.flops / EMULATED_FLOPS_PER_S
@@ -118,75 +129,121 @@ _REQUIRES = ("gpu", "pycuda or cupy")
 # 4096^3 (137 GFLOP) they are refused unless allow_slow, so a GPU comparison stays short.
 _SLOW_KERNEL_MAX_FLOPS = 2 * 4096**3
 
-register(Implementation(
-    name="cuda.naive", language="cuda", device="gpu", dtypes=("float32",),
-    summary="one thread per output, A and B read from global memory",
-    backend=CudaBackend("naive"),
-    source="cuda/naive.cu",
-    requires=_REQUIRES,
-    max_flops=_SLOW_KERNEL_MAX_FLOPS,
-    slow_rate=1e12,
-))
-register(Implementation(
-    name="cuda.tiled", language="cuda", device="gpu", dtypes=("float32",),
-    summary="the chapter's 16x16 shared-memory tiles: each load reused 16 times",
-    backend=CudaBackend("tiled"),
-    source="cuda/tiled.cu",
-    requires=_REQUIRES,
-    max_flops=_SLOW_KERNEL_MAX_FLOPS,
-    slow_rate=2e12,
-))
-register(Implementation(
-    name="cuda.register_tiled_2x2", language="cuda", device="gpu", dtypes=("float32",),
-    summary="the chapter's exercise: 16x16 tiles, 2x2 outputs per thread",
-    backend=CudaBackend("register_tiled_2x2"),
-    source="cuda/register_tiled.cu",
-    requires=_REQUIRES,
-    max_flops=_SLOW_KERNEL_MAX_FLOPS,
-    slow_rate=4e12,
-))
-register(Implementation(
-    name="cuda.register_tiled", language="cuda", device="gpu", dtypes=("float32",),
-    summary="128x128 block tiles, 8x8 outputs per thread, float4 loads, double-buffered",
-    backend=CudaBackend("register_tiled"),
-    source="cuda/register_tiled.cu",
-    requires=_REQUIRES,
-))
-register(Implementation(
-    name="cuda.wmma", language="cuda", device="gpu", dtypes=("bfloat16", "float16"),
-    summary="tensor cores via nvcuda::wmma, 128x128 tiles staged in shared memory, FP32 accumulate",
-    backend=CudaBackend("wmma"),
-    source="cuda/wmma.cu",
-    requires=_REQUIRES,
-))
-register(Implementation(
-    name="cuda.mma", language="cuda", device="gpu", dtypes=("bfloat16", "float16"),
-    summary="tensor cores in PTX: cp.async 3-stage ring, swizzled shared tiles, ldmatrix, mma.sync m16n8k16",
-    backend=CudaBackend("mma"),
-    source="cuda/mma.cu",
-    requires=_REQUIRES,
-))
-register(Implementation(
-    name="cuda.wgmma", language="cuda", device="gpu", dtypes=("bfloat16", "float16"),
-    summary="Hopper: TMA into a 4-stage mbarrier ring, wgmma m64n256k16 from swizzled shared memory, "
+register(
+    Implementation(
+        name="cuda.naive",
+        language="cuda",
+        device="gpu",
+        dtypes=("float32",),
+        summary="one thread per output, A and B read from global memory",
+        backend=CudaBackend("naive"),
+        source="cuda/naive.cu",
+        requires=_REQUIRES,
+        max_flops=_SLOW_KERNEL_MAX_FLOPS,
+        slow_rate=1e12,
+    )
+)
+register(
+    Implementation(
+        name="cuda.tiled",
+        language="cuda",
+        device="gpu",
+        dtypes=("float32",),
+        summary="the chapter's 16x16 shared-memory tiles: each load reused 16 times",
+        backend=CudaBackend("tiled"),
+        source="cuda/tiled.cu",
+        requires=_REQUIRES,
+        max_flops=_SLOW_KERNEL_MAX_FLOPS,
+        slow_rate=2e12,
+    )
+)
+register(
+    Implementation(
+        name="cuda.register_tiled_2x2",
+        language="cuda",
+        device="gpu",
+        dtypes=("float32",),
+        summary="the chapter's exercise: 16x16 tiles, 2x2 outputs per thread",
+        backend=CudaBackend("register_tiled_2x2"),
+        source="cuda/register_tiled.cu",
+        requires=_REQUIRES,
+        max_flops=_SLOW_KERNEL_MAX_FLOPS,
+        slow_rate=4e12,
+    )
+)
+register(
+    Implementation(
+        name="cuda.register_tiled",
+        language="cuda",
+        device="gpu",
+        dtypes=("float32",),
+        summary="128x128 block tiles, 8x8 outputs per thread, float4 loads, double-buffered",
+        backend=CudaBackend("register_tiled"),
+        source="cuda/register_tiled.cu",
+        requires=_REQUIRES,
+    )
+)
+register(
+    Implementation(
+        name="cuda.wmma",
+        language="cuda",
+        device="gpu",
+        dtypes=("bfloat16", "float16"),
+        summary="tensor cores via nvcuda::wmma, 128x128 tiles staged in shared memory, FP32 accumulate",
+        backend=CudaBackend("wmma"),
+        source="cuda/wmma.cu",
+        requires=_REQUIRES,
+    )
+)
+register(
+    Implementation(
+        name="cuda.mma",
+        language="cuda",
+        device="gpu",
+        dtypes=("bfloat16", "float16"),
+        summary="tensor cores in PTX: cp.async 3-stage ring, swizzled shared tiles, ldmatrix, mma.sync m16n8k16",
+        backend=CudaBackend("mma"),
+        source="cuda/mma.cu",
+        requires=_REQUIRES,
+    )
+)
+register(
+    Implementation(
+        name="cuda.wgmma",
+        language="cuda",
+        device="gpu",
+        dtypes=("bfloat16", "float16"),
+        summary="Hopper: TMA into a 4-stage mbarrier ring, wgmma m64n256k16 from swizzled shared memory, "
         "warp-specialized (setmaxnreg), persistent",
-    backend=CudaBackend("wgmma", gpu_archs=("sm_90",)),
-    source="cuda/wgmma.cu",
-    requires=_REQUIRES,
-))
-register(Implementation(
-    name="cuda.gemv", language="cuda", device="gpu", dtypes=("bfloat16", "float32"),
-    summary="y = W x: a warp per row, 16-byte coalesced loads, shuffle reduction",
-    backend=CudaBackend("gemv"),
-    source="cuda/gemv.cu",
-    operation="gemv",
-    requires=_REQUIRES,
-))
-register(Implementation(
-    name="cuda.decode", language="cuda", device="gpu", dtypes=("float32",), weights=("q8_0", "q4_0", "bf16"),
-    summary="decode, Y = X W^T with W in q8_0 / q4_0 / bf16: 16-byte loads of repacked blocks, dequantized in "
+        backend=CudaBackend("wgmma", gpu_archs=("sm_90",)),
+        source="cuda/wgmma.cu",
+        requires=_REQUIRES,
+    )
+)
+register(
+    Implementation(
+        name="cuda.gemv",
+        language="cuda",
+        device="gpu",
+        dtypes=("bfloat16", "float32"),
+        summary="y = W x: a warp per row, 16-byte coalesced loads, shuffle reduction",
+        backend=CudaBackend("gemv"),
+        source="cuda/gemv.cu",
+        operation="gemv",
+        requires=_REQUIRES,
+    )
+)
+register(
+    Implementation(
+        name="cuda.decode",
+        language="cuda",
+        device="gpu",
+        dtypes=("float32",),
+        weights=("q8_0", "q4_0", "bf16"),
+        summary="decode, Y = X W^T with W in q8_0 / q4_0 / bf16: 16-byte loads of repacked blocks, dequantized in "
         "registers, each applied to M = 1..16 rows of X, FP32 accumulate, shuffle reduction",
-    backend=CudaBackend("decode"),
-    source="cuda/decode.cu",
-    requires=_REQUIRES,
-))
+        backend=CudaBackend("decode"),
+        source="cuda/decode.cu",
+        requires=_REQUIRES,
+    )
+)

@@ -6,6 +6,7 @@ exactly as on the GPU. Rows are marked "emulated" and never timed: the emulator 
 about speed, only about what the kernels compute (and, under its sanitizer variants, races
 and out-of-bounds accesses).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -53,8 +54,15 @@ def _emu_dir() -> Path:
 def _emu_inputs() -> list[Path]:
     root = _emu_dir()
     # cuda/*.h (ptx.h): headers the kernels include, which pick the emulation's side here.
-    return sorted([root / "cuda_emu.h", root / "emu_launcher.h", *root.glob("selfcheck*.h"), *(root / "include").glob("*.h"),
-                   *sources.source_path("cuda").glob("*.h")])
+    return sorted(
+        [
+            root / "cuda_emu.h",
+            root / "emu_launcher.h",
+            *root.glob("selfcheck*.h"),
+            *(root / "include").glob("*.h"),
+            *sources.source_path("cuda").glob("*.h"),
+        ]
+    )
 
 
 def emu_build_dir() -> Path:
@@ -71,8 +79,20 @@ def kernel_names(source_text: str) -> list[str]:
 
 
 def emulation_flags(variant: str = "fibers", sanitize: str | None = None) -> list[str]:
-    flags = ["-std=c++20", "-fPIC", "-pthread", "-fno-strict-aliasing", "-Wno-unknown-pragmas", "-U_FORTIFY_SOURCE",
-             "-I", str(_emu_dir()), "-I", str(_emu_dir() / "include"), "-I", str(sources.source_path("cuda"))]
+    flags = [
+        "-std=c++20",
+        "-fPIC",
+        "-pthread",
+        "-fno-strict-aliasing",
+        "-Wno-unknown-pragmas",
+        "-U_FORTIFY_SOURCE",
+        "-I",
+        str(_emu_dir()),
+        "-I",
+        str(_emu_dir() / "include"),
+        "-I",
+        str(sources.source_path("cuda")),
+    ]
     # -fno-gnu-unique: two emulated libraries in one process would otherwise share their inline
     # (thread-local) globals and crash; hidden visibility keeps everything but the entry points private.
     if "clang" not in _compiler_version():
@@ -111,9 +131,15 @@ def translation_unit(source: Path, kernels: list[str], main: str = "") -> str:
 _build_lock = threading.Lock()
 
 
-def build_emulation(relative: str, variant: str = "fibers", sanitize: str | None = None,
-                    source_text: str | None = None, main: str = "", executable: bool = False,
-                    tag: str = "") -> Path:
+def build_emulation(
+    relative: str,
+    variant: str = "fibers",
+    sanitize: str | None = None,
+    source_text: str | None = None,
+    main: str = "",
+    executable: bool = False,
+    tag: str = "",
+) -> Path:
     """Compile ``relative`` (a ``cuda/*.cu`` file) with g++ against the emulation.
 
     Returns a shared library (or, with ``executable``, a program whose ``main`` is ``main``).
@@ -127,8 +153,14 @@ def build_emulation(relative: str, variant: str = "fibers", sanitize: str | None
     text = path.read_text() if source_text is None else source_text
     flags = emulation_flags(variant, sanitize)
     digest = hashlib.sha256()
-    for part in (text, main, " ".join(flags), _compiler_version(), str(executable),
-                 *(p.read_text() for p in _emu_inputs())):
+    for part in (
+        text,
+        main,
+        " ".join(flags),
+        _compiler_version(),
+        str(executable),
+        *(p.read_text() for p in _emu_inputs()),
+    ):
         digest.update(part.encode())
         digest.update(b"\0")
     key = digest.hexdigest()[:16]
@@ -152,8 +184,9 @@ def build_emulation(relative: str, variant: str = "fibers", sanitize: str | None
         command = [compiler(), *flags, *([] if executable else ["-shared"]), str(unit), "-o", str(temporary)]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"compiling {relative} for the CPU emulation failed:\n{' '.join(command)}\n"
-                               f"{done.stderr[-6000:]}")
+            raise RuntimeError(
+                f"compiling {relative} for the CPU emulation failed:\n{' '.join(command)}\n{done.stderr[-6000:]}"
+            )
         os.replace(temporary, output)
     return output
 
@@ -168,8 +201,14 @@ class EmulatedLibrary:
         self.lib = ctypes.CDLL(str(path))
         self.lib.emu_kernel_name.restype = ctypes.c_char_p
         self.lib.emu_kernel_signature.restype = ctypes.c_char_p
-        self.lib.emu_launch.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint),
-                                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_int]
+        self.lib.emu_launch.argtypes = [
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_uint),
+            ctypes.POINTER(ctypes.c_uint),
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_char_p,
+            ctypes.c_int,
+        ]
         self.kernels = {}
         for i in range(self.lib.emu_kernel_count()):
             name = self.lib.emu_kernel_name(i).decode()
@@ -181,24 +220,32 @@ class EmulatedLibrary:
             try:
                 self._encoder = tensormap.declare(self.lib.emu_tensor_map_encode_tiled)
             except AttributeError:
-                raise RuntimeError(f"{self.path.name} has no emulated TMA (its source does not include ptx.h)") from None
+                raise RuntimeError(
+                    f"{self.path.name} has no emulated TMA (its source does not include ptx.h)"
+                ) from None
         return tensormap.encode(self._encoder, arg, address, pitch_bytes, dtype)
 
     def launch(self, launch: Launch, pointers: dict[str, int], tensor_maps: dict | None = None) -> None:
         """``pointers``: the buffers' addresses by name; ``tensor_maps``: the 128 bytes of each
         TensorMapArg of the launch (by the buffer it maps)."""
         if launch.kernel not in self.kernels:
-            raise RuntimeError(f"kernel {launch.kernel} not found in {self.path.name} (it has {', '.join(self.kernels)})")
+            raise RuntimeError(
+                f"kernel {launch.kernel} not found in {self.path.name} (it has {', '.join(self.kernels)})"
+            )
         index, signature = self.kernels[launch.kernel]
         if signature != launch.signature:
-            raise RuntimeError(f"{launch.kernel} takes ({signature}) but the harness passes ({launch.signature}): "
-                               "update plan() in harness/backends/cuda/plans.py")
+            raise RuntimeError(
+                f"{launch.kernel} takes ({signature}) but the harness passes ({launch.signature}): "
+                "update plan() in harness/backends/cuda/plans.py"
+            )
         addresses, keep = [], []
         for code, arg in zip(signature, launch.args):
             if code == "T":  # 128 bytes by value, 64-byte aligned as the kernel's parameter type is
                 raw = ctypes.create_string_buffer(tensormap.TENSOR_MAP_BYTES + 64)
                 offset = (-ctypes.addressof(raw)) % 64
-                ctypes.memmove(ctypes.addressof(raw) + offset, (tensor_maps or {})[arg.buffer], tensormap.TENSOR_MAP_BYTES)
+                ctypes.memmove(
+                    ctypes.addressof(raw) + offset, (tensor_maps or {})[arg.buffer], tensormap.TENSOR_MAP_BYTES
+                )
                 keep.append(raw)
                 addresses.append(ctypes.addressof(raw) + offset)
                 continue
@@ -228,7 +275,7 @@ def _aligned_copy(array: np.ndarray, alignment: int = 64) -> np.ndarray:
     do), so the kernels' 16-byte vector paths run in the emulator too."""
     raw = np.empty(array.nbytes + alignment, dtype=np.uint8)
     offset = (-raw.ctypes.data) % alignment
-    out = raw[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    out = raw[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
     out[...] = array
     return out
 
@@ -244,9 +291,14 @@ class EmulatedPrepared:
         self.buffers["C"] = _aligned_copy(np.full(out_shape, np.nan, dtype=dtype))
         self.pointers = {name: array.ctypes.data for name, array in self.buffers.items()}
         self.tensor_maps = {
-            arg.buffer: library.encode_tensor_map(arg, self.pointers[arg.buffer], self.buffers[arg.buffer].strides[0],
-                                                  dtype_name(self.buffers[arg.buffer].dtype))
-            for arg in launch.args if isinstance(arg, TensorMapArg)
+            arg.buffer: library.encode_tensor_map(
+                arg,
+                self.pointers[arg.buffer],
+                self.buffers[arg.buffer].strides[0],
+                dtype_name(self.buffers[arg.buffer].dtype),
+            )
+            for arg in launch.args
+            if isinstance(arg, TensorMapArg)
         }
         self.result_shape = result_shape
 

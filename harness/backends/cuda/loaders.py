@@ -14,6 +14,7 @@ one ran.
 
 ``MATMUL_CUDA_LOADER=pycuda`` or ``=cupy`` forces one; otherwise the first that imports wins.
 """
+
 from __future__ import annotations
 
 import os
@@ -98,9 +99,11 @@ class CupyLoader:
         make_aligned_dtype, CuPy 13+, carries the alignment)."""
         make_aligned = getattr(self.cupy, "make_aligned_dtype", None)
         if make_aligned is None:
-            raise RuntimeError(f"CuPy {self.cupy.__version__} cannot pass a {tensormap.TENSOR_MAP_ALIGNMENT}-byte-aligned "
-                               "CUtensorMap by value (cupy.make_aligned_dtype, CuPy 13+): use PyCUDA "
-                               "(MATMUL_CUDA_LOADER=pycuda)")
+            raise RuntimeError(
+                f"CuPy {self.cupy.__version__} cannot pass a {tensormap.TENSOR_MAP_ALIGNMENT}-byte-aligned "
+                "CUtensorMap by value (cupy.make_aligned_dtype, CuPy 13+): use PyCUDA "
+                "(MATMUL_CUDA_LOADER=pycuda)"
+            )
         dtype = make_aligned(np.dtype([("opaque", np.uint64, (16,))]), alignment=tensormap.TENSOR_MAP_ALIGNMENT)
         return np.frombuffer(raw, dtype=dtype)[0]
 
@@ -109,16 +112,23 @@ class CupyLoader:
         function = module.get_function(kernel)  # loads the module (the cubin stays in build/)
         # Pointers pass by value as 64-bit integers, ints as C ints: the kernel's parameter
         # buffer has the same bytes either way.
-        converters = {"P": np.uint64, "i": np.int32, "I": np.uint32, "f": np.float32, "q": np.int64,
-                      "T": self._tensor_map}
+        converters = {
+            "P": np.uint64,
+            "i": np.int32,
+            "I": np.uint32,
+            "f": np.float32,
+            "q": np.int64,
+            "T": self._tensor_map,
+        }
 
         if shared_bytes > 48 * 1024:
             function.max_dynamic_shared_size_bytes = shared_bytes
 
         def launch(grid, block, args):
             # CuPy's current stream, unless set otherwise, is the legacy default stream: PyTorch's.
-            function(grid, block, tuple(converters[code](arg) for code, arg in zip(signature, args)),
-                     shared_mem=shared_bytes)
+            function(
+                grid, block, tuple(converters[code](arg) for code, arg in zip(signature, args)), shared_mem=shared_bytes
+            )
 
         launch.module = module
         return launch
@@ -166,9 +176,12 @@ def native_unavailable_reason() -> str | None:
     candidates = [forced] if forced else list(LOADERS)
     reasons = [loader_unavailable_reason(name) for name in candidates]
     if all(reasons):
-        return ("no loader for the compiled kernels: " + "; ".join(reasons)
-                + ". `pip install pycuda` (or cupy-cuda12x / cupy-cuda13x), or on a machine without network "
-                "see scripts/prepare_gpu_wheels.sh")
+        return (
+            "no loader for the compiled kernels: "
+            + "; ".join(reasons)
+            + ". `pip install pycuda` (or cupy-cuda12x / cupy-cuda13x), or on a machine without network "
+            "see scripts/prepare_gpu_wheels.sh"
+        )
     return None
 
 
@@ -188,8 +201,7 @@ def active_loader():
     return _active[name]
 
 
-def native_function(relative: str, kernel: str, signature: str, shared_bytes: int = 0,
-                    defines: tuple[str, ...] = ()):
+def native_function(relative: str, kernel: str, signature: str, shared_bytes: int = 0, defines: tuple[str, ...] = ()):
     """``launch(grid, block, args)`` for ``kernel`` of ``relative``, compiled for this GPU.
 
     Cached per loader, source file (its text is in the cubin's cache key), architecture and
@@ -239,8 +251,9 @@ class NativePrepared:
     def _argument(self, arg, dtype: str):
         if isinstance(arg, TensorMapArg):  # encoded by the driver over the device buffer
             tensor = self.tensors[arg.buffer]
-            return tensormap.encode(tensormap.driver_encoder(), arg, tensor.data_ptr(),
-                                    tensor.stride(0) * tensor.element_size(), dtype)
+            return tensormap.encode(
+                tensormap.driver_encoder(), arg, tensor.data_ptr(), tensor.stride(0) * tensor.element_size(), dtype
+            )
         return self.tensors[arg].data_ptr() if isinstance(arg, str) else int(arg)
 
     def launch(self) -> None:

@@ -6,6 +6,7 @@ and the CPU emulation all launch exactly that, so the emulator runs the kernels 
 with the geometry the GPU gets. The geometry is written once, next to the kernel: each .cu
 file declares its launches (``@launch``, below) over its own tile constants.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,6 +25,7 @@ class TensorMapArg:
     """A kernel argument that is a CUtensorMap (128 bytes, by value) of buffer ``buffer``: a
     [rows, cols] row-major matrix of 16-bit elements, read in boxes of box_rows x box_cols with
     the 128-byte swizzle. The row pitch is the buffer's (see ``pitched``)."""
+
     buffer: str
     rows: int
     cols: int
@@ -36,8 +38,8 @@ class Launch:
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    args: tuple            # "A", "B", "C" name a buffer; ints are passed as C ints; TensorMapArg
-    signature: str         # one letter per argument: P pointer, i int, T tensor map
+    args: tuple  # "A", "B", "C" name a buffer; ints are passed as C ints; TensorMapArg
+    signature: str  # one letter per argument: P pointer, i int, T tensor map
     shared_bytes: int = 0  # dynamic shared memory (a launch over 48 KiB opts in to it)
 
 
@@ -81,9 +83,9 @@ class LaunchDeclarationError(ValueError):
 @dataclass(frozen=True)
 class LaunchSpec:
     technique: str
-    source: str                # cuda/<file>.cu
-    fields: dict               # field name -> expression text
-    defines: dict              # the file's #define name -> expression text
+    source: str  # cuda/<file>.cu
+    fields: dict  # field name -> expression text
+    defines: dict  # the file's #define name -> expression text
 
     def evaluate(self, field: str, names: dict):
         return _evaluate(self.fields[field], names, self.defines, f"{self.source}: @launch {self.technique} {field}")
@@ -96,8 +98,12 @@ def _dims(value) -> tuple[int, int, int]:
     return (*values, *(1,) * (3 - len(values)))
 
 
-_FUNCTIONS = {"cdiv": lambda a, b: cdiv(a, b), "min": min, "max": max,
-              "tensor_map": lambda buffer, rows, cols, box_rows, box_cols: TensorMapArg(buffer, rows, cols, box_rows, box_cols)}
+_FUNCTIONS = {
+    "cdiv": lambda a, b: cdiv(a, b),
+    "min": min,
+    "max": max,
+    "tensor_map": lambda buffer, rows, cols, box_rows, box_cols: TensorMapArg(buffer, rows, cols, box_rows, box_cols),
+}
 
 
 def _evaluate(text: str, names: dict, defines: dict, where: str, depth: int = 0):
@@ -118,9 +124,16 @@ def _evaluate(text: str, names: dict, defines: dict, where: str, depth: int = 0)
             if node.id in defines and depth < 20:
                 return _evaluate(defines[node.id], names, defines, where, depth + 1)
             raise LaunchDeclarationError(f"{where}: {node.id} is not M, N, K, SMS, A, B, C or a #define of the file")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS and not node.keywords:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _FUNCTIONS
+            and not node.keywords
+        ):
             return _FUNCTIONS[node.func.id](*(value(a) for a in node.args))
-        raise LaunchDeclarationError(f"{where}: cannot evaluate {ast.unparse(node)!r} (integer arithmetic, cdiv, min, max, tensor_map)")
+        raise LaunchDeclarationError(
+            f"{where}: cannot evaluate {ast.unparse(node)!r} (integer arithmetic, cdiv, min, max, tensor_map)"
+        )
 
     try:
         tree = ast.parse(text.strip(), mode="eval")
@@ -135,8 +148,13 @@ def _c_divide(a: int, b: int) -> int:
     return quotient if (a < 0) == (b < 0) else -quotient
 
 
-_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-              ast.Div: _c_divide, ast.FloorDiv: _c_divide}
+_OPERATORS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: _c_divide,
+    ast.FloorDiv: _c_divide,
+}
 
 
 def _defines(text: str) -> dict:
@@ -154,7 +172,7 @@ def launch_declarations(relative: str, text: str) -> list[LaunchSpec]:
     for line in lines:
         head = line.split(None, 1)[0] if line else ""
         if head == "@launch":
-            current = [line[len("@launch"):].strip()]
+            current = [line[len("@launch") :].strip()]
             found.append(current)
         elif current is not None and head in FIELDS:
             current.append(line)
@@ -166,8 +184,10 @@ def launch_declarations(relative: str, text: str) -> list[LaunchSpec]:
         pieces = re.split(rf"(?:^|\s+)({'|'.join(FIELDS)})\s+", " " + rest)
         fields = dict(zip(pieces[1::2], pieces[2::2]))
         if not re.fullmatch(r"\w+", technique) or pieces[0].strip() or not {"grid", "block", "args"} <= set(fields):
-            raise LaunchDeclarationError(f"{relative}: `@launch {technique} ...` needs the technique's name, then "
-                                         "grid, block and args (and optionally shared, static_shared)")
+            raise LaunchDeclarationError(
+                f"{relative}: `@launch {technique} ...` needs the technique's name, then "
+                "grid, block and args (and optionally shared, static_shared)"
+            )
         specs.append(LaunchSpec(technique, relative, fields, defines))
     return specs
 
@@ -184,8 +204,9 @@ def launch_specs() -> dict[str, LaunchSpec]:
     for relative in toolkit.cuda_sources():
         for spec in _declarations_of(relative, sources.source_path(relative).read_text()):
             if spec.technique in specs:
-                raise LaunchDeclarationError(f"@launch {spec.technique} is declared in both "
-                                             f"{specs[spec.technique].source} and {relative}")
+                raise LaunchDeclarationError(
+                    f"@launch {spec.technique} is declared in both {specs[spec.technique].source} and {relative}"
+                )
             specs[spec.technique] = spec
     return specs
 
@@ -203,8 +224,14 @@ def plan(technique: str, dtype: str, m: int, n: int, k: int, sms: int | None = N
     args = args if isinstance(args, tuple) else (args,)
     signature = "".join("T" if isinstance(a, TensorMapArg) else "P" if a in BUFFERS else "i" for a in args)
     shared = spec.evaluate("shared", names) if "shared" in spec.fields else 0
-    return Launch(f"{technique}_{_SUFFIX[dtype]}", _dims(spec.evaluate("grid", names)),
-                  _dims(spec.evaluate("block", names)), args, signature, shared)
+    return Launch(
+        f"{technique}_{_SUFFIX[dtype]}",
+        _dims(spec.evaluate("grid", names)),
+        _dims(spec.evaluate("block", names)),
+        args,
+        signature,
+        shared,
+    )
 
 
 def static_shared_bytes(technique: str) -> int | None:
@@ -221,7 +248,7 @@ def pitched(array: np.ndarray) -> np.ndarray:
     if row_bytes % 16 == 0:
         return array
     padded = np.zeros((array.shape[0], cdiv(row_bytes, 16) * 16 // array.itemsize), dtype=array.dtype)
-    padded[:, :array.shape[1]] = array
+    padded[:, : array.shape[1]] = array
     return padded
 
 
@@ -236,7 +263,11 @@ def kernel_buffers(operation: str, a: np.ndarray, b: np.ndarray, technique: str 
     inputs = {"A": a, "B": b}
     if technique:  # an operand read through a tensor map (TMA): row pitches in multiples of 16 bytes
         spec = launch_specs().get(technique)
-        args = spec.evaluate("args", {"M": a.shape[0], "N": b.shape[1], "K": a.shape[1], "SMS": EMULATED_SMS}) if spec else ()
+        args = (
+            spec.evaluate("args", {"M": a.shape[0], "N": b.shape[1], "K": a.shape[1], "SMS": EMULATED_SMS})
+            if spec
+            else ()
+        )
         for arg in args if isinstance(args, tuple) else (args,):
             if isinstance(arg, TensorMapArg) and arg.buffer in inputs:
                 inputs[arg.buffer] = pitched(inputs[arg.buffer])
@@ -272,7 +303,7 @@ def decode_weight_bytes(weights) -> np.ndarray:
     scales = blocks[..., :2].reshape(-1)
     quants_at = cdiv(scales.size, 16) * 16
     out = np.zeros(quants_at + n * (k // 32) * (per_block - 2), np.uint8)
-    out[:scales.size] = scales
+    out[: scales.size] = scales
     out[quants_at:] = blocks[..., 2:].reshape(-1)
     return out
 

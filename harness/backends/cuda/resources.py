@@ -3,6 +3,7 @@
 ``python -m harness cuda-info`` prints ``resource_table()``. The figures come from the same
 compilation the GPU loaders load (toolkit.compile_cubin), so they describe what runs.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,13 @@ def parse_ptxas(text: str, source: str, arch: str) -> list[KernelResources]:
         if m:
             current = m.group(1)
             if current not in found:
-                found[current] = {"registers": 0, "shared_bytes": 0, "stack_bytes": 0, "spill_stores": 0, "spill_loads": 0}
+                found[current] = {
+                    "registers": 0,
+                    "shared_bytes": 0,
+                    "stack_bytes": 0,
+                    "spill_stores": 0,
+                    "spill_loads": 0,
+                }
                 order.append(current)
             continue
         m = re.search(r"Function properties for (\w+)", line)
@@ -51,7 +58,9 @@ def parse_ptxas(text: str, source: str, arch: str) -> list[KernelResources]:
             continue
         m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m:
-            found[current].update(stack_bytes=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+            found[current].update(
+                stack_bytes=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
+            )
             continue
         m = re.search(r"Used (\d+) registers", line)
         if m:
@@ -108,8 +117,15 @@ def resource_table(archs=ARCHS) -> str:
         raise RuntimeError("\n".join(failures))
     header = ("source", "kernel", "arch", "regs/thread", "smem/block", "stack", "spills (st/ld)")
     lines = [header] + [
-        (r.source, r.kernel, r.arch, str(r.registers), f"{r.shared_bytes} B", f"{r.stack_bytes} B",
-         f"{r.spill_stores}/{r.spill_loads}" + ("  SPILLS" if r.spills else ""))
+        (
+            r.source,
+            r.kernel,
+            r.arch,
+            str(r.registers),
+            f"{r.shared_bytes} B",
+            f"{r.stack_bytes} B",
+            f"{r.spill_stores}/{r.spill_loads}" + ("  SPILLS" if r.spills else ""),
+        )
         for r in rows
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

@@ -7,6 +7,7 @@ GPU is, so it is called through ctypes on ``libcuda.so.1`` (no extra package to 
 emulation exports ``emu_tensor_map_encode_tiled`` with the same arguments (cuda/emu/include/
 hopper_emu.h), so one function encodes for both, with the same checks.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -28,8 +29,20 @@ def declare(function):
     """Give ``function`` (cuTensorMapEncodeTiled or the emulation's) its C signature."""
     u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
     function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
-                         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    function.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint32,
+        ctypes.c_void_p,
+        u64p,
+        u64p,
+        u32p,
+        u32p,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     return function
 
 
@@ -40,8 +53,10 @@ def driver_encoder():
         library = ctypes.CDLL("libcuda.so.1")
         return declare(library.cuTensorMapEncodeTiled)
     except (OSError, AttributeError) as error:
-        raise RuntimeError(f"the TMA kernels need cuTensorMapEncodeTiled from the NVIDIA driver (libcuda.so.1, "
-                           f"CUDA 12 or newer): {error}") from error
+        raise RuntimeError(
+            f"the TMA kernels need cuTensorMapEncodeTiled from the NVIDIA driver (libcuda.so.1, "
+            f"CUDA 12 or newer): {error}"
+        ) from error
 
 
 def encode(encoder, arg: TensorMapArg, address: int, pitch_bytes: int, dtype: str) -> bytes:
@@ -57,10 +72,24 @@ def encode(encoder, arg: TensorMapArg, address: int, pitch_bytes: int, dtype: st
     strides = (ctypes.c_uint64 * 1)(pitch_bytes)
     box = (ctypes.c_uint32 * 2)(arg.box_cols, arg.box_rows)
     element_strides = (ctypes.c_uint32 * 2)(1, 1)
-    status = encoder(target, DATA_TYPES[dtype], 2, address, dims, strides, box, element_strides, 0, SWIZZLE_128B,
-                     L2_PROMOTION_256B, 0)
+    status = encoder(
+        target,
+        DATA_TYPES[dtype],
+        2,
+        address,
+        dims,
+        strides,
+        box,
+        element_strides,
+        0,
+        SWIZZLE_128B,
+        L2_PROMOTION_256B,
+        0,
+    )
     if status != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled refused the tensor map of {arg.buffer} (CUresult {status}): "
-                           f"{arg.rows} x {arg.cols} {dtype}, row pitch {pitch_bytes} B, address {address:#x}, "
-                           f"box {arg.box_rows} x {arg.box_cols}")
-    return raw.raw[offset:offset + TENSOR_MAP_BYTES]
+        raise RuntimeError(
+            f"cuTensorMapEncodeTiled refused the tensor map of {arg.buffer} (CUresult {status}): "
+            f"{arg.rows} x {arg.cols} {dtype}, row pitch {pitch_bytes} B, address {address:#x}, "
+            f"box {arg.box_rows} x {arg.box_cols}"
+        )
+    return raw.raw[offset : offset + TENSOR_MAP_BYTES]

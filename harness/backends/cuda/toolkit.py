@@ -4,6 +4,7 @@ Every GPU path loads the same cubin, compiled here with the same flags (``NVCC_O
 PyCUDA and CuPy are only loaders. The register report (resources.py) reads the ptxas output
 of the same compilation, so what it reports is what runs.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +20,7 @@ from pathlib import Path
 from ... import files, sources
 
 NVCC_OPTIONS = ("-std=c++17", "-O3")
-ARCHS = ("sm_80", "sm_90")            # what the compile check builds for (BF16 WMMA needs sm_80)
+ARCHS = ("sm_80", "sm_90")  # what the compile check builds for (BF16 WMMA needs sm_80)
 CONVENTIONAL_ROOT = "/usr/local/cuda"
 
 
@@ -78,8 +79,9 @@ def cuda_root() -> Path | None:
             return Path(candidate).resolve()
     on_path = shutil.which("nvcc")
     if on_path:
-        done = subprocess.run([on_path, "--dryrun", "-c", "-x", "cu", "/dev/null", "-o", "/dev/null"],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [on_path, "--dryrun", "-c", "-x", "cu", "/dev/null", "-o", "/dev/null"], capture_output=True, text=True
+        )
         match = re.search(r"^#\$ TOP=(.+)$", done.stdout + done.stderr, flags=re.M)
         if match and _is_toolkit(match.group(1).strip()):
             return Path(match.group(1).strip()).resolve()
@@ -115,8 +117,15 @@ def compile_cubin(relative: str, arch: str, defines: tuple[str, ...] = ()) -> tu
     path = sources.source_path(relative)
     # The headers next to the sources (ptx.h) are part of what compiles: an edit to one recompiles.
     text = path.read_text() + "".join(h.read_text() for h in sorted(path.parent.glob("*.h")))
-    flags = [*NVCC_OPTIONS, f"-arch={arch}", "-cubin", "--ptxas-options=-v", "-I", str(path.parent),
-             *(f"-D{name}" for name in defines)]
+    flags = [
+        *NVCC_OPTIONS,
+        f"-arch={arch}",
+        "-cubin",
+        "--ptxas-options=-v",
+        "-I",
+        str(path.parent),
+        *(f"-D{name}" for name in defines),
+    ]
     key = hashlib.sha256("\0".join([text, " ".join(flags), nvcc_version()]).encode()).hexdigest()[:16]
     out_dir = cache_root() / "cuda-cubin"
     cubin = out_dir / f"{path.stem}-{arch}-{key}.cubin"
