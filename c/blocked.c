@@ -62,9 +62,9 @@ static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* c[0:width] += a_row[0:depth] @ b[0:depth, 0:width], where b's rows are ld elements apart.
  * Called only with a constant width (WIDE, WIDE/2, ... VECTOR): once inlined, the loops over j
  * have a fixed trip count, and the compiler keeps acc in vector registers across the p loop. */
-static inline __attribute__((always_inline)) void chunk_update(
-    const real *restrict a_row, const real *restrict b, real *restrict c, int64_t ld,
-    int64_t depth, const int width) {
+static inline __attribute__((always_inline)) void chunk_update(const real *restrict a_row, const real *restrict b,
+                                                               real *restrict c, int64_t ld, int64_t depth,
+                                                               const int width) {
     real acc[width]; /* a fixed size once inlined */
     for (int j = 0; j < width; ++j) acc[j] = c[j];
     for (int64_t p = 0; p < depth; ++p) {
@@ -77,11 +77,10 @@ static inline __attribute__((always_inline)) void chunk_update(
 
 /* One row of a tile: c_row[0:width] += a_row[0:depth] @ b_tile, in chunks of WIDE, WIDE/2, ...
  * VECTOR columns, then one padded VECTOR chunk for the last width % VECTOR columns. */
-static inline void tile_row(const real *restrict a_row, const real *restrict b_tile,
-                            real *restrict c_row, int64_t ld, int64_t width, int64_t depth) {
+static inline void tile_row(const real *restrict a_row, const real *restrict b_tile, real *restrict c_row, int64_t ld,
+                            int64_t width, int64_t depth) {
     int64_t j0 = 0;
-    for (; j0 + WIDE <= width; j0 += WIDE)
-        chunk_update(a_row, b_tile + j0, c_row + j0, ld, depth, WIDE);
+    for (; j0 + WIDE <= width; j0 += WIDE) chunk_update(a_row, b_tile + j0, c_row + j0, ld, depth, WIDE);
     if (j0 + WIDE / 2 <= width) {
         chunk_update(a_row, b_tile + j0, c_row + j0, ld, depth, WIDE / 2);
         j0 += WIDE / 2;
@@ -107,8 +106,8 @@ static inline void tile_row(const real *restrict a_row, const real *restrict b_t
 
 /* The ikj loop run tile by tile, tile edge `tile` (>= 1; less counts as 1) in all three
  * dimensions. Returns 0, or -1 if its tile buffer cannot be allocated. */
-MATMUL_API int TYPED(matmul_blocked)(const real *restrict A, const real *restrict B, real *restrict C,
-                                     int64_t M, int64_t N, int64_t K, int64_t tile) {
+MATMUL_API int TYPED(matmul_blocked)(const real *restrict A, const real *restrict B, real *restrict C, int64_t M,
+                                     int64_t N, int64_t K, int64_t tile) {
     if (tile < 1) tile = 1;
     if (M > 0 && N > 0) memset(C, 0, (size_t)M * (size_t)N * sizeof(real));
     if (M == 0 || N == 0 || K == 0) return 0;
@@ -134,8 +133,7 @@ MATMUL_API int TYPED(matmul_blocked)(const real *restrict A, const real *restric
             }
             for (int64_t ii = 0; ii < M; ii += tile) {
                 const int64_t i_end = min_i64(ii + tile, M);
-                for (int64_t i = ii; i < i_end; ++i)
-                    tile_row(A + i * K + pp, b_tile, C + i * N + jj, ld, width, depth);
+                for (int64_t i = ii; i < i_end; ++i) tile_row(A + i * K + pp, b_tile, C + i * N + jj, ld, width, depth);
             }
         }
     }

@@ -37,10 +37,10 @@ BASELINE static int64_t list_features(char *out, int64_t size, int only_missing)
     int64_t count = 0;
     __builtin_cpu_init();
     /* __builtin_cpu_supports takes only a string literal, hence a macro. */
-#define FEATURE(name)                                                                         \
-    if (!only_missing || !__builtin_cpu_supports(name)) {                                     \
-        if (!append(out, size, name)) return -1;                                              \
-        ++count;                                                                              \
+#define FEATURE(name)                                                                                                  \
+    if (!only_missing || !__builtin_cpu_supports(name)) {                                                              \
+        if (!append(out, size, name)) return -1;                                                                       \
+        ++count;                                                                                                       \
     }
 #ifdef __SSE3__
     FEATURE("sse3")

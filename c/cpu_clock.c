@@ -28,9 +28,10 @@ static double adds_per_second(int64_t n) {
     double t0 = now_seconds();
     for (int64_t i = 0; i < n; ++i) {
 #ifdef ADD_ONCE
-        __asm__ volatile(ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE
-                         ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE
-                         : "+r"(x) : "r"((uint64_t)i));
+        __asm__ volatile(ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE
+                             ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE ADD_ONCE
+                         : "+r"(x)
+                         : "r"((uint64_t)i));
 #else /* other ISAs: the compiler's chain; may under-report the clock if it adds overhead */
         for (int k = 0; k < 16; ++k) {
             x += (uint64_t)i;

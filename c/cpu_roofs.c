@@ -23,8 +23,7 @@ static double now_seconds(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define AVX512 __attribute__((target("avx512f")))
-#define AVX2 __attribute__((target("avx2,fma")))
-
+#define AVX2   __attribute__((target("avx2,fma")))
 
 enum { CHAINS = 12 };
 static volatile double sink;
@@ -36,7 +35,7 @@ static AVX512 double trial_avx512_f32(int64_t n) {
     const __m512 a = _mm512_set1_ps((float)0.999999), b = _mm512_set1_ps((float)1e-7);
     for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_set1_ps((float)(j + 1));
     double t0 = now_seconds();
-    for (int64_t i = 0; i < n; ++i)  /* the chains stay in registers: no barrier */
+    for (int64_t i = 0; i < n; ++i) /* the chains stay in registers: no barrier */
         for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
     double t1 = now_seconds();
     __m512 total = acc[0];
@@ -53,7 +52,7 @@ static AVX512 double trial_avx512_f64(int64_t n) {
     const __m512d a = _mm512_set1_pd(0.999999), b = _mm512_set1_pd(1e-7);
     for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_set1_pd((double)(j + 1));
     double t0 = now_seconds();
-    for (int64_t i = 0; i < n; ++i)  /* the chains stay in registers: no barrier */
+    for (int64_t i = 0; i < n; ++i) /* the chains stay in registers: no barrier */
         for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_fmadd_pd(acc[j], a, b);
     double t1 = now_seconds();
     __m512d total = acc[0];
@@ -70,7 +69,7 @@ static AVX2 double trial_avx2_f32(int64_t n) {
     const __m256 a = _mm256_set1_ps((float)0.999999), b = _mm256_set1_ps((float)1e-7);
     for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_set1_ps((float)(j + 1));
     double t0 = now_seconds();
-    for (int64_t i = 0; i < n; ++i)  /* the chains stay in registers: no barrier */
+    for (int64_t i = 0; i < n; ++i) /* the chains stay in registers: no barrier */
         for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
     double t1 = now_seconds();
     __m256 total = acc[0];
@@ -87,7 +86,7 @@ static AVX2 double trial_avx2_f64(int64_t n) {
     const __m256d a = _mm256_set1_pd(0.999999), b = _mm256_set1_pd(1e-7);
     for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_set1_pd((double)(j + 1));
     double t0 = now_seconds();
-    for (int64_t i = 0; i < n; ++i)  /* the chains stay in registers: no barrier */
+    for (int64_t i = 0; i < n; ++i) /* the chains stay in registers: no barrier */
         for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_fmadd_pd(acc[j], a, b);
     double t1 = now_seconds();
     __m256d total = acc[0];
@@ -111,7 +110,7 @@ MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, d
     double rates[64];
     if (trials > 64) trials = 64;
     const int64_t n = 400 * 1000; /* about 2-5 ms per trial */
-    trial(n / 10);                 /* wake the vector unit (AVX-512 licence, frequency) */
+    trial(n / 10);                /* wake the vector unit (AVX-512 licence, frequency) */
     double best = 0;
     for (int64_t t = 0; t < trials; ++t) {
         rates[t] = trial(n);
@@ -120,7 +119,9 @@ MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, d
     if (median_gflops) { /* insertion sort: a handful of values */
         for (int64_t i = 1; i < trials; ++i)
             for (int64_t j = i; j > 0 && rates[j] < rates[j - 1]; --j) {
-                double swap = rates[j]; rates[j] = rates[j - 1]; rates[j - 1] = swap;
+                double swap = rates[j];
+                rates[j] = rates[j - 1];
+                rates[j - 1] = swap;
             }
         *median_gflops = rates[trials / 2] * 1e-9;
     }
@@ -128,7 +129,8 @@ MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, d
 }
 #else
 MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
-    (void)elem_size; (void)trials;
+    (void)elem_size;
+    (void)trials;
     if (median_gflops) *median_gflops = 0.0;
     return 0.0; /* not measured here: the harness falls back to clock x lanes x FMA units */
 }
@@ -158,7 +160,7 @@ static uint64_t stream_in(const uint64_t *data, int64_t count) {
 
 struct read_job {
     const uint64_t *data;
-    int64_t per_thread;  /* words, a multiple of 8 * STREAMS */
+    int64_t per_thread; /* words, a multiple of 8 * STREAMS */
     uint64_t totals[MAX_READ_THREADS];
 };
 
@@ -171,7 +173,8 @@ static void read_task(void *context, int64_t part) {
  * `bytes` of memory in, each its own contiguous slice: GB/s, best of `trials` (median to
  * *median_gbps when not NULL); 0 if the buffer cannot be allocated. The memory roof that a
  * bandwidth-bound kernel on that many threads is measured against. */
-MATMUL_API double matmul_measure_read_gbps_threads(int64_t bytes, int64_t trials, int64_t threads, double *median_gbps) {
+MATMUL_API double matmul_measure_read_gbps_threads(int64_t bytes, int64_t trials, int64_t threads,
+                                                   double *median_gbps) {
     if (threads < 1) threads = 1;
     if (threads > MAX_READ_THREADS) threads = MAX_READ_THREADS;
     const int64_t per_thread = bytes / 8 / threads / (8 * STREAMS) * (8 * STREAMS);
@@ -182,7 +185,7 @@ MATMUL_API double matmul_measure_read_gbps_threads(int64_t bytes, int64_t trials
     if (!data) return 0.0;
     for (int64_t i = 0; i < count; ++i) data[i] = (uint64_t)i; /* touch every page before timing */
     struct read_job job = {data, per_thread, {0}};
-    pool_run(threads, read_task, &job);  /* wakes the workers up before the timed trials */
+    pool_run(threads, read_task, &job); /* wakes the workers up before the timed trials */
     double rates[64], best = 0;
     for (int64_t t = 0; t < trials; ++t) {
         double t0 = now_seconds();
@@ -198,7 +201,9 @@ MATMUL_API double matmul_measure_read_gbps_threads(int64_t bytes, int64_t trials
     if (median_gbps) {
         for (int64_t i = 1; i < trials; ++i)
             for (int64_t j = i; j > 0 && rates[j] < rates[j - 1]; --j) {
-                double swap = rates[j]; rates[j] = rates[j - 1]; rates[j - 1] = swap;
+                double swap = rates[j];
+                rates[j] = rates[j - 1];
+                rates[j - 1] = swap;
             }
         *median_gbps = rates[trials / 2] * 1e-9;
     }

@@ -214,6 +214,7 @@ AVX2 INLINE void rows_mb_avx2(int format, const int R, const int mb, const uint8
 
 AVX2 static void rows_avx2(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
                            int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
+    // clang-format off: one case per line, as a table
     switch (mb) { /* mb as a constant: its loops unroll and its accumulators live in registers */
     case 1: rows_mb_avx2(format, 4, 1, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     case 2: rows_mb_avx2(format, 4, 2, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
@@ -226,6 +227,7 @@ AVX2 static void rows_avx2(int format, const uint8_t *Xq, const float *xd, int64
 #undef ONE_ROW
     default: break; /* the driver passes at most ROWS */
     }
+    // clang-format on
 }
 
 /* R rows of W from row j for mb rows of X (constants where rows_vnni calls it). */
@@ -265,6 +267,7 @@ VNNI INLINE void rows_mb_vnni(int format, const int R, const int mb, const uint8
 
 VNNI static void rows_vnni(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
                            int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
+    // clang-format off: one case per line, as a table
     switch (mb) { /* mb as a constant: its loops unroll and its accumulators live in registers */
     case 1: rows_mb_vnni(format, 4, 1, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
     case 2: rows_mb_vnni(format, 4, 2, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
@@ -277,6 +280,7 @@ VNNI static void rows_vnni(int format, const uint8_t *Xq, const float *xd, int64
 #undef ONE_ROW
     default: break; /* the driver passes at most ROWS */
     }
+    // clang-format on
 }
 
 #endif

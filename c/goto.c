@@ -57,8 +57,8 @@ static void pack_b(const real *B, int64_t ldb, int64_t kc, int64_t nc, real *res
 }
 
 /* C[0:mr, 0:nr] += Ap_sliver @ Bp_sliver over kc: the MR x NR tile accumulated in registers. */
-static void micro_kernel(int64_t kc, const real *restrict a, const real *restrict b, real *restrict C,
-                         int64_t ldc, int64_t mr, int64_t nr) {
+static void micro_kernel(int64_t kc, const real *restrict a, const real *restrict b, real *restrict C, int64_t ldc,
+                         int64_t mr, int64_t nr) {
     real acc[MR][NR] = {{0}};
     for (int64_t p = 0; p < kc; ++p) {
         const real *restrict b_row = b + p * NR;
@@ -76,8 +76,8 @@ static void micro_kernel(int64_t kc, const real *restrict a, const real *restric
 }
 
 /* Returns 0, or -1 if its pack buffers cannot be allocated. */
-MATMUL_API int TYPED(matmul_goto)(const real *restrict A, const real *restrict B, real *restrict C,
-                                  int64_t M, int64_t N, int64_t K) {
+MATMUL_API int TYPED(matmul_goto)(const real *restrict A, const real *restrict B, real *restrict C, int64_t M,
+                                  int64_t N, int64_t K) {
     if (M > 0 && N > 0) memset(C, 0, (size_t)M * (size_t)N * sizeof(real));
     if (M == 0 || N == 0 || K == 0) return 0;
     const int64_t kc_max = min_i64(KC, K);
@@ -92,16 +92,16 @@ MATMUL_API int TYPED(matmul_goto)(const real *restrict A, const real *restrict B
         free(Bp);
         return -1;
     }
-    for (int64_t jc = 0; jc < N; jc += NC) {                       /* loop 5 */
+    for (int64_t jc = 0; jc < N; jc += NC) { /* loop 5 */
         const int64_t nc = min_i64(NC, N - jc);
-        for (int64_t pc = 0; pc < K; pc += KC) {                   /* loop 4 */
+        for (int64_t pc = 0; pc < K; pc += KC) { /* loop 4 */
             const int64_t kc = min_i64(KC, K - pc);
             pack_b(B + pc * N + jc, N, kc, nc, Bp);
-            for (int64_t ic = 0; ic < M; ic += MC) {               /* loop 3 */
+            for (int64_t ic = 0; ic < M; ic += MC) { /* loop 3 */
                 const int64_t mc = min_i64(MC, M - ic);
                 pack_a(A + ic * K + pc, K, mc, kc, Ap);
-                for (int64_t jr = 0; jr < nc; jr += NR)            /* loop 2 */
-                    for (int64_t ir = 0; ir < mc; ir += MR)        /* loop 1 */
+                for (int64_t jr = 0; jr < nc; jr += NR)     /* loop 2 */
+                    for (int64_t ir = 0; ir < mc; ir += MR) /* loop 1 */
                         micro_kernel(kc, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * N + jc + jr, N,
                                      min_i64(MR, mc - ir), min_i64(NR, nc - jr));
             }

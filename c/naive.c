@@ -33,8 +33,8 @@ MATMUL_API void TYPED(matmul_naive_ijk)(const real *A, const real *B, real *C, i
         }
 }
 
-MATMUL_API void TYPED(matmul_naive_ikj)(const real *restrict A, const real *restrict B, real *restrict C,
-                                        int64_t M, int64_t N, int64_t K) {
+MATMUL_API void TYPED(matmul_naive_ikj)(const real *restrict A, const real *restrict B, real *restrict C, int64_t M,
+                                        int64_t N, int64_t K) {
     for (int64_t i = 0; i < M; ++i) {
         real *restrict c_row = C + i * N;
         memset(c_row, 0, (size_t)N * sizeof(real));

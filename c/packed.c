@@ -132,8 +132,8 @@ enum { GEMV_CHUNK = 32768 / sizeof(real), GEMV_ROWS = 8 };
  * 8192 float32, one thread, medians of 11 interleaved: 17% faster than four rows; float64
  * 1 x 4096 x 4096: 13%). Each y[j] is the FMA chain over p in order whatever the chunk or the
  * thread, so the result does not depend on how N is cut. */
-static void row_times_matrix(const real *restrict a, const real *restrict B, real *restrict y, int64_t N,
-                             int64_t K, int64_t j0, int64_t j1) {
+static void row_times_matrix(const real *restrict a, const real *restrict B, real *restrict y, int64_t N, int64_t K,
+                             int64_t j0, int64_t j1) {
     for (int64_t c0 = j0; c0 < j1; c0 += GEMV_CHUNK) {
         const int64_t c1 = min_i64(c0 + GEMV_CHUNK, j1);
         for (int64_t j = c0; j < c1; ++j) y[j] = 0;
@@ -167,8 +167,8 @@ enum { DOT_ROWS = 8 };
  * as in row_times_matrix (4096 x 1 x 4096, one thread, medians of 21 interleaved: 9% faster
  * than four rows, float64 10%), and every group of eight starts at a multiple of eight, so a
  * row is summed by the same code whichever thread takes it. */
-static void matrix_times_column(const real *restrict A, const real *restrict b, real *restrict y, int64_t K,
-                                int64_t i0, int64_t i1) {
+static void matrix_times_column(const real *restrict A, const real *restrict b, real *restrict y, int64_t K, int64_t i0,
+                                int64_t i1) {
     int64_t i = i0;
     for (; i + DOT_ROWS <= i1; i += DOT_ROWS) {
         const real *restrict r0 = A + i * K, *restrict r1 = r0 + K, *restrict r2 = r1 + K, *restrict r3 = r2 + K;
@@ -245,8 +245,8 @@ static void pack_a(const real *A, int64_t K, int64_t i0, int64_t mc, int64_t p0,
  * interleaved: 13% faster than one row at a time, 16 x 4096 x 4096 26% (16 rows: no better). */
 enum { PACK_B_ROWS = 8 };
 
-static inline __attribute__((always_inline)) void pack_b_row_group(const real *src, int64_t N, int64_t nc,
-                                                                   int64_t kc, const int64_t nr, const int rows,
+static inline __attribute__((always_inline)) void pack_b_row_group(const real *src, int64_t N, int64_t nc, int64_t kc,
+                                                                   const int64_t nr, const int rows,
                                                                    real *restrict dst) {
     int64_t jr = 0;
     for (; jr + nr <= nc; jr += nr, src += nr, dst += kc * nr)
@@ -341,14 +341,14 @@ static void direct_task(void *context, int64_t part) {
     grid_block(&job->grid, part, &m0, &m1, &n0, &n1);
     for (int64_t ir = m0; ir < m1; ir += kernel->mr)
         for (int64_t jr = n0; jr < n1; jr += kernel->nr)
-            kernel->direct(K, job->A + ir * K, K, job->B + jr, N, job->C + ir * N + jr, N,
-                           min_i64(kernel->mr, m1 - ir), min_i64(kernel->nr, n1 - jr));
+            kernel->direct(K, job->A + ir * K, K, job->B + jr, N, job->C + ir * N + jr, N, min_i64(kernel->mr, m1 - ir),
+                           min_i64(kernel->nr, n1 - jr));
 }
 
 static int direct_nest(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K, int64_t threads,
                        const struct packed_kernel *kernel) {
-    struct direct_job job = {A, B, C, K, kernel,
-                             make_grid(M, N, kernel->mr, kernel->nr, threads, (double)M * (double)N * (double)K)};
+    struct direct_job job = {
+        A, B, C, K, kernel, make_grid(M, N, kernel->mr, kernel->nr, threads, (double)M * (double)N * (double)K)};
     pool_run(job.grid.tm * job.grid.tn, direct_task, &job);
     return PACKED_OK;
 }
@@ -362,9 +362,9 @@ struct nest_job {
     const struct packed_kernel *kernel;
     struct blocking blk;
     struct tile_grid grid;
-    int rows_first;                /* small K: finish C row strip by row strip (see loop_nest) */
-    size_t a_bytes, b_bytes;       /* pack buffer sizes of one part */
-    int failed;                    /* set by a part whose buffers could not be allocated */
+    int rows_first;          /* small K: finish C row strip by row strip (see loop_nest) */
+    size_t a_bytes, b_bytes; /* pack buffer sizes of one part */
+    int failed;              /* set by a part whose buffers could not be allocated */
 };
 
 /* The pack buffers of the calling thread: kept between calls, grown when too small, freed
@@ -403,8 +403,8 @@ static void *thread_pack_buffer(size_t bytes) {
     return buffer->data;
 }
 
-static void run_block(const struct nest_job *job, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
-                      real *a_pack, real *b_pack) {
+static void run_block(const struct nest_job *job, int64_t m0, int64_t m1, int64_t n0, int64_t n1, real *a_pack,
+                      real *b_pack) {
     const struct blocking b = job->blk;
     for (int64_t jc = n0; jc < n1; jc += b.nc) {
         const int64_t nc = min_i64(b.nc, n1 - jc);
@@ -420,8 +420,9 @@ static void run_block(const struct nest_job *job, int64_t m0, int64_t m1, int64_
                 if (job->rows_first) {
                     for (int64_t ir = 0; ir < mc; ir += b.mr)
                         for (int64_t jr = 0; jr < nc; jr += b.nr)
-                            job->kernel->run(kc, a_pack + ir * kc, b_pack + jr * kc, job->C + (ic + ir) * job->N + jc + jr,
-                                             job->N, min_i64(b.mr, mc - ir), min_i64(b.nr, nc - jr), accumulate);
+                            job->kernel->run(kc, a_pack + ir * kc, b_pack + jr * kc,
+                                             job->C + (ic + ir) * job->N + jc + jr, job->N, min_i64(b.mr, mc - ir),
+                                             min_i64(b.nr, nc - jr), accumulate);
                     continue;
                 }
                 for (int64_t jr = 0; jr < nc; jr += b.nr) {
@@ -453,8 +454,19 @@ static void nest_task(void *context, int64_t part) {
 
 static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K, int64_t threads,
                      const struct packed_kernel *kernel) {
-    struct nest_job job = {A, B, C, M, N, K, kernel, packed_blocking_for(kernel, sizeof(real)),
-                           make_grid(M, N, kernel->mr, kernel->nr, threads, (double)M * (double)N * (double)K), 0, 0, 0, 0};
+    struct nest_job job = {A,
+                           B,
+                           C,
+                           M,
+                           N,
+                           K,
+                           kernel,
+                           packed_blocking_for(kernel, sizeof(real)),
+                           make_grid(M, N, kernel->mr, kernel->nr, threads, (double)M * (double)N * (double)K),
+                           0,
+                           0,
+                           0,
+                           0};
     const struct tile_grid *g = &job.grid;
     const int64_t block_m = (g->units_m + g->tm - 1) / g->tm * g->mr;
     const int64_t block_n = (g->units_n + g->tn - 1) / g->tn * g->nr;
@@ -479,7 +491,8 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
          * the shape here, never on the thread count. */
         const int64_t es = (int64_t)sizeof(real), half_l2 = packed_cache_sizes().l2 / 2;
         job.blk.kc = max_i64(16, min_i64(job.blk.kc, half_l2 / (N * es) / 8 * 8));
-        job.blk.nc = max_i64(job.blk.nr, min_i64(round_up(N, job.blk.nr), half_l2 / (job.blk.kc * es) / job.blk.nr * job.blk.nr));
+        job.blk.nc = max_i64(job.blk.nr,
+                             min_i64(round_up(N, job.blk.nr), half_l2 / (job.blk.kc * es) / job.blk.nr * job.blk.nr));
     }
     job.a_bytes = (size_t)(round_up(min_i64(job.blk.mc, block_m), job.blk.mr) * job.blk.kc) * sizeof(real);
     job.b_bytes = (size_t)(round_up(min_i64(job.blk.nc, block_n), job.blk.nr) * job.blk.kc) * sizeof(real);
@@ -523,10 +536,8 @@ MATMUL_API int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, 
         pool_run(job.parts, vector_task, &job);
         return PACKED_OK;
     }
-    case PACKED_PATH_DIRECT:
-        return direct_nest(A, B, C, M, N, K, threads, kernel);
-    default:
-        return loop_nest(A, B, C, M, N, K, threads, kernel);
+    case PACKED_PATH_DIRECT: return direct_nest(A, B, C, M, N, K, threads, kernel);
+    default: return loop_nest(A, B, C, M, N, K, threads, kernel);
     }
 }
 

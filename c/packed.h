@@ -56,8 +56,8 @@ enum packed_path {
     PACKED_PATH_NEST = 3,
 };
 
-typedef void (*packed_kernel_fn)(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc,
-                                 int64_t m, int64_t n, int accumulate);
+typedef void (*packed_kernel_fn)(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
+                                 int accumulate);
 
 /* The direct kernel: the same MR x NR register tile, reading A (m x k, row stride lda) and
  * B (k x n, row stride ldb) where they lie, no packing; C = A B for its m x n tile (m <= MR,
@@ -67,7 +67,7 @@ typedef void (*packed_direct_fn)(int64_t k, const void *A, int64_t lda, const vo
                                  int64_t ldc, int64_t m, int64_t n);
 
 struct packed_kernel {
-    int mr, nr;            /* the register tile of C */
+    int mr, nr; /* the register tile of C */
     packed_kernel_fn run;
     packed_direct_fn direct;
 };
@@ -102,8 +102,7 @@ struct blocking packed_blocking_for(const struct packed_kernel *kernel, size_t e
  * register tile that a kernel has stored to `tile` (row stride nr), as C = tile or C += tile.
  * Every micro-kernel ends an edge tile this way, so no byte outside the matrix is read or
  * written. */
-void packed_store_edge_f32(const float *tile, int64_t nr, float *C, int64_t ldc, int64_t m, int64_t n,
-                           int accumulate);
+void packed_store_edge_f32(const float *tile, int64_t nr, float *C, int64_t ldc, int64_t m, int64_t n, int accumulate);
 void packed_store_edge_f64(const double *tile, int64_t nr, double *C, int64_t ldc, int64_t m, int64_t n,
                            int accumulate);
 

@@ -21,8 +21,8 @@
 
 #define AVX512 __attribute__((target("avx512f")))
 
-enum { MR_S = 14, NV_S = 2, NR_S = NV_S * 16 };  /* float32: 14 x 32 */
-enum { MR_D = 14, NV_D = 2, NR_D = NV_D * 8 };   /* float64: 14 x 16 */
+enum { MR_S = 14, NV_S = 2, NR_S = NV_S * 16 }; /* float32: 14 x 32 */
+enum { MR_D = 14, NV_D = 2, NR_D = NV_D * 8 };  /* float64: 14 x 16 */
 
 /* The C tile is touched only after the K loop, in rows ldc apart that are likely in L3 or
  * memory by then. A row of a tile is 128 bytes: two cache lines when it starts on one, three
@@ -45,9 +45,9 @@ static inline __attribute__((always_inline)) void fetch_c_line(const char *C, in
 /* One step of the K sum (float): the tile's accumulators += column p of the A micro-panel
  * (broadcast) x row p of the B sliver (two vectors). */
 AVX512 static inline __attribute__((always_inline)) void step_f32(const int rows, const float *restrict a,
-                                                                const float *restrict b, __m512 c[MR_S][NV_S]) {
+                                                                  const float *restrict b, __m512 c[MR_S][NV_S]) {
     const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i) {
         const __m512 ai = _mm512_set1_ps(a[i]);
         c[i][0] = _mm512_fmadd_ps(ai, b0, c[i][0]);
@@ -57,16 +57,15 @@ AVX512 static inline __attribute__((always_inline)) void step_f32(const int rows
 
 /* One tile of `rows` x NR_S (float). Always inlined into kernel_f32 with `rows` a constant, so
  * every loop over the accumulators unrolls fully and the array lives in registers. */
-AVX512 static inline __attribute__((always_inline)) void tile_f32(const int rows, int64_t kc,
-                                                                const void *Ap, const void *Bp, void *C_,
-                                                                int64_t ldc, int64_t n, int accumulate) {
+AVX512 static inline __attribute__((always_inline)) void
+tile_f32(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n, int accumulate) {
     const float *restrict a = Ap;
     const float *restrict b = Bp;
     float *C = C_;
     __m512 c[MR_S][NV_S];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int v = 0; v < NV_S; ++v) c[i][v] = _mm512_setzero_ps();
 
     int64_t p = 0; /* the first steps also fetch the C tile, a line per step (fetch_c_line) */
@@ -79,10 +78,10 @@ AVX512 static inline __attribute__((always_inline)) void tile_f32(const int rows
     for (; p < kc; ++p, a += MR_S, b += NR_S) step_f32(rows, a, b, c);
 
     if (n == NR_S) {
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
             float *row = C + i * ldc;
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int v = 0; v < NV_S; ++v) {
                 __m512 value = c[i][v];
                 if (accumulate) value = _mm512_add_ps(_mm512_loadu_ps(row + 16 * v), value);
@@ -94,17 +93,17 @@ AVX512 static inline __attribute__((always_inline)) void tile_f32(const int rows
     /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
      * byte outside the matrix is read or written. */
     float tile[MR_S][NR_S] __attribute__((aligned(64)));
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int v = 0; v < NV_S; ++v) _mm512_store_ps(&tile[i][16 * v], c[i][v]);
     packed_store_edge_f32(&tile[0][0], NR_S, C, ldc, rows, n, accumulate);
 }
 
 /* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
  * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
-AVX512 static void kernel_f32(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m,
-                            int64_t n, int accumulate) {
+AVX512 static void kernel_f32(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
+                              int accumulate) {
     switch (m) {
     case 14: tile_f32(14, kc, Ap, Bp, C, ldc, n, accumulate); break;
     case 13: tile_f32(13, kc, Ap, Bp, C, ldc, n, accumulate); break;
@@ -132,14 +131,15 @@ AVX512 static void kernel_f32(int64_t kc, const void *Ap, const void *Bp, void *
  * runs of medians of 21 interleaved, 3-4% slower in float32 and 3-8% in float64.) C = the
  * tile (never accumulated: the direct path takes K whole). */
 AVX512 static inline __attribute__((always_inline)) void direct_tile_f32(const int rows, const int full, int64_t k,
-                                                                       const float *A, int64_t lda, const float *B,
-                                                                       int64_t ldb, float *C, int64_t ldc, int64_t n) {
+                                                                         const float *A, int64_t lda, const float *B,
+                                                                         int64_t ldb, float *C, int64_t ldc,
+                                                                         int64_t n) {
     const __mmask16 mask0 = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
     const __mmask16 mask1 = n >= 32 ? 0xFFFF : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
     __m512 c[MR_S][NV_S];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int v = 0; v < NV_S; ++v) c[i][v] = _mm512_setzero_ps();
 
 #pragma GCC unroll 2
@@ -147,14 +147,14 @@ AVX512 static inline __attribute__((always_inline)) void direct_tile_f32(const i
         const float *b = B + p * ldb;
         const __m512 b0 = full ? _mm512_loadu_ps(b) : _mm512_maskz_loadu_ps(mask0, b);
         const __m512 b1 = full ? _mm512_loadu_ps(b + 16) : _mm512_maskz_loadu_ps(mask1, b + 16);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
             const __m512 ai = _mm512_set1_ps(A[i * lda + p]);
             c[i][0] = _mm512_fmadd_ps(ai, b0, c[i][0]);
             c[i][1] = _mm512_fmadd_ps(ai, b1, c[i][1]);
         }
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i) {
         if (full) {
             _mm512_storeu_ps(C + i * ldc, c[i][0]);
@@ -167,8 +167,8 @@ AVX512 static inline __attribute__((always_inline)) void direct_tile_f32(const i
 }
 
 AVX512 static inline __attribute__((always_inline)) void direct_rows_f32(const int full, int64_t k, const void *A,
-                                                                       int64_t lda, const void *B, int64_t ldb,
-                                                                       void *C, int64_t ldc, int64_t m, int64_t n) {
+                                                                         int64_t lda, const void *B, int64_t ldb,
+                                                                         void *C, int64_t ldc, int64_t m, int64_t n) {
     switch (m) {
     case 14: direct_tile_f32(14, full, k, A, lda, B, ldb, C, ldc, n); break;
     case 13: direct_tile_f32(13, full, k, A, lda, B, ldb, C, ldc, n); break;
@@ -188,8 +188,8 @@ AVX512 static inline __attribute__((always_inline)) void direct_rows_f32(const i
 }
 
 /* The direct kernel: one instance per row count and per full or edge width. */
-AVX512 static void direct_f32(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
-                              int64_t ldc, int64_t m, int64_t n) {
+AVX512 static void direct_f32(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+                              int64_t m, int64_t n) {
     if (n == NR_S)
         direct_rows_f32(1, k, A, lda, B, ldb, C, ldc, m, n);
     else
@@ -199,9 +199,9 @@ AVX512 static void direct_f32(int64_t k, const void *A, int64_t lda, const void 
 /* One step of the K sum (double): the tile's accumulators += column p of the A micro-panel
  * (broadcast) x row p of the B sliver (two vectors). */
 AVX512 static inline __attribute__((always_inline)) void step_f64(const int rows, const double *restrict a,
-                                                                const double *restrict b, __m512d c[MR_D][NV_D]) {
+                                                                  const double *restrict b, __m512d c[MR_D][NV_D]) {
     const __m512d b0 = _mm512_load_pd(b), b1 = _mm512_load_pd(b + 8);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i) {
         const __m512d ai = _mm512_set1_pd(a[i]);
         c[i][0] = _mm512_fmadd_pd(ai, b0, c[i][0]);
@@ -211,16 +211,15 @@ AVX512 static inline __attribute__((always_inline)) void step_f64(const int rows
 
 /* One tile of `rows` x NR_D (double). Always inlined into kernel_f64 with `rows` a constant, so
  * every loop over the accumulators unrolls fully and the array lives in registers. */
-AVX512 static inline __attribute__((always_inline)) void tile_f64(const int rows, int64_t kc,
-                                                                const void *Ap, const void *Bp, void *C_,
-                                                                int64_t ldc, int64_t n, int accumulate) {
+AVX512 static inline __attribute__((always_inline)) void
+tile_f64(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n, int accumulate) {
     const double *restrict a = Ap;
     const double *restrict b = Bp;
     double *C = C_;
     __m512d c[MR_D][NV_D];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int v = 0; v < NV_D; ++v) c[i][v] = _mm512_setzero_pd();
 
     int64_t p = 0; /* the first steps also fetch the C tile, a line per step (fetch_c_line) */
@@ -233,10 +232,10 @@ AVX512 static inline __attribute__((always_inline)) void tile_f64(const int rows
     for (; p < kc; ++p, a += MR_D, b += NR_D) step_f64(rows, a, b, c);
 
     if (n == NR_D) {
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
             double *row = C + i * ldc;
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int v = 0; v < NV_D; ++v) {
                 __m512d value = c[i][v];
                 if (accumulate) value = _mm512_add_pd(_mm512_loadu_pd(row + 8 * v), value);
@@ -248,17 +247,17 @@ AVX512 static inline __attribute__((always_inline)) void tile_f64(const int rows
     /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
      * byte outside the matrix is read or written. */
     double tile[MR_D][NR_D] __attribute__((aligned(64)));
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int v = 0; v < NV_D; ++v) _mm512_store_pd(&tile[i][8 * v], c[i][v]);
     packed_store_edge_f64(&tile[0][0], NR_D, C, ldc, rows, n, accumulate);
 }
 
 /* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
  * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
-AVX512 static void kernel_f64(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m,
-                            int64_t n, int accumulate) {
+AVX512 static void kernel_f64(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
+                              int accumulate) {
     switch (m) {
     case 14: tile_f64(14, kc, Ap, Bp, C, ldc, n, accumulate); break;
     case 13: tile_f64(13, kc, Ap, Bp, C, ldc, n, accumulate); break;
@@ -286,14 +285,15 @@ AVX512 static void kernel_f64(int64_t kc, const void *Ap, const void *Bp, void *
  * runs of medians of 21 interleaved, 3-4% slower in float32 and 3-8% in float64.) C = the
  * tile (never accumulated: the direct path takes K whole). */
 AVX512 static inline __attribute__((always_inline)) void direct_tile_f64(const int rows, const int full, int64_t k,
-                                                                       const double *A, int64_t lda, const double *B,
-                                                                       int64_t ldb, double *C, int64_t ldc, int64_t n) {
+                                                                         const double *A, int64_t lda, const double *B,
+                                                                         int64_t ldb, double *C, int64_t ldc,
+                                                                         int64_t n) {
     const __mmask8 mask0 = n >= 8 ? 0xFF : (__mmask8)((1u << n) - 1);
     const __mmask8 mask1 = n >= 16 ? 0xFF : n <= 8 ? 0 : (__mmask8)((1u << (n - 8)) - 1);
     __m512d c[MR_D][NV_D];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int v = 0; v < NV_D; ++v) c[i][v] = _mm512_setzero_pd();
 
 #pragma GCC unroll 2
@@ -301,14 +301,14 @@ AVX512 static inline __attribute__((always_inline)) void direct_tile_f64(const i
         const double *b = B + p * ldb;
         const __m512d b0 = full ? _mm512_loadu_pd(b) : _mm512_maskz_loadu_pd(mask0, b);
         const __m512d b1 = full ? _mm512_loadu_pd(b + 8) : _mm512_maskz_loadu_pd(mask1, b + 8);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
             const __m512d ai = _mm512_set1_pd(A[i * lda + p]);
             c[i][0] = _mm512_fmadd_pd(ai, b0, c[i][0]);
             c[i][1] = _mm512_fmadd_pd(ai, b1, c[i][1]);
         }
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i) {
         if (full) {
             _mm512_storeu_pd(C + i * ldc, c[i][0]);
@@ -321,8 +321,8 @@ AVX512 static inline __attribute__((always_inline)) void direct_tile_f64(const i
 }
 
 AVX512 static inline __attribute__((always_inline)) void direct_rows_f64(const int full, int64_t k, const void *A,
-                                                                       int64_t lda, const void *B, int64_t ldb,
-                                                                       void *C, int64_t ldc, int64_t m, int64_t n) {
+                                                                         int64_t lda, const void *B, int64_t ldb,
+                                                                         void *C, int64_t ldc, int64_t m, int64_t n) {
     switch (m) {
     case 14: direct_tile_f64(14, full, k, A, lda, B, ldb, C, ldc, n); break;
     case 13: direct_tile_f64(13, full, k, A, lda, B, ldb, C, ldc, n); break;
@@ -342,8 +342,8 @@ AVX512 static inline __attribute__((always_inline)) void direct_rows_f64(const i
 }
 
 /* The direct kernel: one instance per row count and per full or edge width. */
-AVX512 static void direct_f64(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
-                              int64_t ldc, int64_t m, int64_t n) {
+AVX512 static void direct_f64(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+                              int64_t m, int64_t n) {
     if (n == NR_D)
         direct_rows_f64(1, k, A, lda, B, ldb, C, ldc, m, n);
     else

@@ -36,8 +36,8 @@ void TYPED(packed_store_edge)(const real *tile, int64_t nr, real *C, int64_t ldc
     }
 }
 
-static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m,
-                   int64_t n, int accumulate) {
+static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
+                   int accumulate) {
     const real *restrict a = Ap;
     const real *restrict b = Bp;
     real c[MR][NR] = {{0}};
@@ -53,8 +53,8 @@ static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t 
 /* The direct kernel: the same tile, with each step's MR values of A and NR values of B
  * gathered from the matrices into zero-padded local rows, so the arithmetic is the packed
  * kernel's and nothing outside the m x k and k x n blocks is read. */
-static void direct(int64_t k, const void *A_, int64_t lda, const void *B_, int64_t ldb, void *C, int64_t ldc,
-                   int64_t m, int64_t n) {
+static void direct(int64_t k, const void *A_, int64_t lda, const void *B_, int64_t ldb, void *C, int64_t ldc, int64_t m,
+                   int64_t n) {
     const real *A = A_, *B = B_;
     real c[MR][NR] = {{0}};
     for (int64_t p = 0; p < k; ++p) {

@@ -33,20 +33,14 @@ static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 MATMUL_API int matmul_packed_variant_supported(int64_t variant) {
     switch (variant) {
     case PACKED_AUTO:
-    case PACKED_PORTABLE:
-        return 1;
+    case PACKED_PORTABLE: return 1;
 #if PACKED_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
     /* libgcc's and compiler-rt's checks include XGETBV: a feature the OS does not save the
      * registers of counts as absent. */
-    case PACKED_AVX2:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case PACKED_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f");
+    case PACKED_AVX2: __builtin_cpu_init(); return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case PACKED_AVX512: __builtin_cpu_init(); return __builtin_cpu_supports("avx512f");
 #endif
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -63,16 +57,12 @@ MATMUL_API int64_t matmul_packed_resolve_variant(int64_t variant) {
 const struct packed_kernel *packed_kernel_for(int64_t variant, size_t elem_size) {
     const int f32 = elem_size == sizeof(float);
     switch (matmul_packed_resolve_variant(variant)) {
-    case PACKED_PORTABLE:
-        return f32 ? &packed_portable_f32 : &packed_portable_f64;
+    case PACKED_PORTABLE: return f32 ? &packed_portable_f32 : &packed_portable_f64;
 #if PACKED_HAVE_X86
-    case PACKED_AVX2:
-        return f32 ? &packed_avx2_f32 : &packed_avx2_f64;
-    case PACKED_AVX512:
-        return f32 ? &packed_avx512_f32 : &packed_avx512_f64;
+    case PACKED_AVX2: return f32 ? &packed_avx2_f32 : &packed_avx2_f64;
+    case PACKED_AVX512: return f32 ? &packed_avx512_f32 : &packed_avx512_f64;
 #endif
-    default:
-        return NULL;
+    default: return NULL;
     }
 }
 
