@@ -14,7 +14,8 @@ def machine_label(machine: dict, clock: str | None = None) -> str:
     """One line naming the machine: CPU, GPU, BLAS, versions. The clock is measured anew by every
     experiment and differs between them on one machine, so it is passed separately (``clock``)."""
     versions = machine.get("versions", {})
-    blas = machine.get("blas") or [{}]
+    # NumPy's BLAS (OpenBLAS in its wheels), whichever other BLAS (BLIS, a peer) loaded first
+    blas = sorted(machine.get("blas") or [{}], key=lambda entry: entry.get("internal_api") != "openblas")
     parts = [
         f"CPU: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, SIMD "
         f"{' '.join(machine.get('simd', []))}",
