@@ -63,5 +63,9 @@ def lookup(name: str) -> Implementation:
         raise KeyError(f"unknown implementation {name!r}; known: {', '.join(REGISTRY)}") from None
 
 
-# Reading order: each module registers its implementations as it is imported.
-from .backends import c, cuda, decode, ggml_peer, numpy_blas, peers, python_loops, torch_gpu, torch_int4, triton_kernels  # noqa: E402, F401
+# Reading order: each module registers its implementations as it is imported, so this order
+# (not the alphabet) is the order of every table.
+# isort: off
+from .backends import python_loops, c, decode, numpy_blas, peers, ggml_peer  # noqa: E402, F401
+from .backends import cuda, torch_gpu, torch_int4, triton_kernels  # noqa: E402, F401
+# isort: on

@@ -12,11 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness  # first: it chooses the interpreter before anything imports triton
+
+# isort: split
+
 import numpy as np
 import pytest
 import triton_aot
 
-import harness  # first: it chooses the interpreter before anything imports triton
 from harness import MatmulInputError, check, make_inputs, sass
 from harness.backends import triton_kernels
 

@@ -6,10 +6,13 @@ at least 0.95x, triton.gemv at least 80% of HBM)
 are judged from the GPU comparison's JSON, not re-measured here: ``python -m harness verdicts``.
 """
 
+import harness  # first: it decides how Triton is set up before anything imports it
+
+# isort: split
+
 import numpy as np
 import pytest
 
-import harness  # first: it decides how Triton is set up before anything imports it
 from harness import check, make_inputs
 from harness.backends import triton_kernels
 

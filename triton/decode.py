@@ -48,9 +48,8 @@ Caveats
 """
 
 import torch
-import triton.language as tl
-
 import triton
+import triton.language as tl
 
 FORMATS = ("q8_0", "q4_0", "bf16")
 _FORMAT_CODE = {"q8_0": 0, "q4_0": 1, "bf16": 2}

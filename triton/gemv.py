@@ -47,9 +47,8 @@ Caveats
 """
 
 import torch
-import triton.language as tl
-
 import triton
+import triton.language as tl
 
 
 @triton.jit

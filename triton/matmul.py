@@ -59,9 +59,8 @@ Constraints and caveats
 """
 
 import torch
-import triton.language as tl
-
 import triton
+import triton.language as tl
 
 
 # ---------------------------------------------------------------------------------------------

@@ -80,9 +80,8 @@ BF16 bit patterns as integers.
 import functools
 
 import torch
-import triton.language as tl
-
 import triton
+import triton.language as tl
 
 try:  # Triton >= 3.3
     from triton.tools.tensor_descriptor import TensorDescriptor
