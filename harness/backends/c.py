@@ -257,6 +257,17 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+def thread_option(impl, options) -> int:
+    """The ``threads`` option of a threaded implementation: a whole number >= 1, or every core
+    this process may run on where it is None."""
+    threads = options.get("threads")
+    if threads is None:
+        return default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"{impl.name}: threads must be an integer >= 1 (or None for every core), got {threads!r}")
+    return int(threads)
+
+
 def packed_variants() -> list[str]:
     """The micro-kernel variants of c.packed this CPU can run, best last ("portable" always)."""
     _, lib = clib.load()
@@ -309,11 +320,7 @@ class PackedBackend(CBackend):
         return extra_args[0]
 
     def extra_args(self, impl, options):
-        threads = options.get("threads")
-        if threads is None:
-            threads = default_threads()
-        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-            raise ValueError(f"{impl.name}: threads must be an integer >= 1 (or None for every core), got {threads!r}")
+        threads = thread_option(impl, options)
         variant = options.get("variant", "auto")
         packed_variant(variant)  # an unsupported variant fails here, before any C runs
         path = options.get("path", "auto")

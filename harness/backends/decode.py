@@ -13,8 +13,6 @@ only their float32 sums round.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from .. import clib
@@ -22,6 +20,7 @@ from ..core import BrokenError, Implementation, MatmulInputError, UnavailableErr
 from ..quant import FORMATS, QuantizedWeights
 from ..registry import register
 from ..sources import load_python_source
+from .c import thread_option
 
 WEIGHTS = ("q8_0", "q4_0", "bf16")
 
@@ -122,18 +121,6 @@ def decode_variant(variant: str = "auto", prefix: str = "matmul_decode") -> str:
     return next(name for name, n in DECODE_VARIANTS.items() if n == number)
 
 
-def _threads(impl, options) -> int:
-    threads = options.get("threads")
-    if threads is None:
-        try:
-            return len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            return os.cpu_count() or 1
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise ValueError(f"{impl.name}: threads must be an integer >= 1 (or None for every core), got {threads!r}")
-    return int(threads)
-
-
 def check_decode_status(name: str, code: int) -> None:
     if code:
         raise (MatmulInputError if code in (2, 3, 4) else RuntimeError)(
@@ -183,7 +170,7 @@ class CDecodeBackend:
 
     def prepare(self, impl, a, b, options):
         x, w = decode_inputs(impl, a, b)
-        threads = _threads(impl, options)
+        threads = thread_option(impl, options)
         variant = options.get("variant", "auto")
         decode_variant(variant, self.prefix)  # an unknown or unsupported variant fails here, before any C runs
         ffi, lib = _library()

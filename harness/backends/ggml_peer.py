@@ -28,7 +28,6 @@ as llama.cpp keeps its own.
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import lru_cache
 
 import numpy as np
@@ -36,6 +35,7 @@ import numpy as np
 from ..core import Implementation, MatmulInputError
 from ..quant import QuantizedWeights
 from ..registry import register
+from .c import thread_option
 
 INSTALL = "pip install ggml-python, or pip install -e '.[ggml]' (it builds llama.cpp's ggml from source, a few minutes)"
 WEIGHTS = ("q4_0", "q8_0")
@@ -87,18 +87,6 @@ def check_round_trip(weights: QuantizedWeights) -> None:
                 f"ggml reads these {weights.format} bytes differently: at W[{start + row}, {col}] ggml's dequantize "
                 f"gives {theirs[row, col]!r}, quant.py's {ours[row, col]!r}"
             )
-
-
-def _threads(impl, options) -> int:
-    threads = options.get("threads")
-    if threads is None:
-        try:
-            return len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            return os.cpu_count() or 1
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise ValueError(f"{impl.name}: threads must be an integer >= 1 (or None for every core), got {threads!r}")
-    return int(threads)
 
 
 class _GgmlPrepared:
@@ -187,7 +175,7 @@ class GgmlBackend:
         if a.dtype != np.float32 or a.ndim != 2 or a.shape[1] != b.k:
             raise MatmulInputError(f"{impl.name} takes float32 X [M, {b.k}], got {a.dtype} {a.shape}")
         x = np.require(a, np.float32, ["C_CONTIGUOUS", "ALIGNED"])
-        threads = _threads(impl, options)
+        threads = thread_option(impl, options)
         check_round_trip(b)
         return _GgmlPrepared(x, b, threads)
 
