@@ -21,7 +21,8 @@ from harness import checking, clib
 from harness.core import MatmulInputError, ResultError
 
 ROOT = Path(__file__).resolve().parents[1]
-C_KERNELS = [impl.name for impl in harness.implementations("c.*")]
+C_KERNELS = [impl.name for impl in harness.implementations("c.*") if not impl.weights]
+DECODE_KERNELS = [impl.name for impl in harness.implementations("c.*") if impl.weights]
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -63,6 +64,28 @@ def test_misaligned_buffers_are_copied_before_c_sees_them(name):
     result = harness.get(name)(a, b)
     assert harness.check(result, a, b).passed
     np.testing.assert_array_equal(a, before)
+
+
+@pytest.mark.parametrize("name", DECODE_KERNELS)
+def test_decode_kernels_get_big_endian_and_misaligned_activations_converted(name):
+    weights = harness.quant.quantize(np.linspace(-1, 1, 3 * 64, dtype=np.float32).reshape(3, 64), "q8_0")
+    expected = np.arange(64, dtype=np.float32)[None, :] / 64 @ weights.dequantize().T
+    big_endian = (np.arange(64, dtype=np.float32) / 64).astype(">f4").reshape(1, 64)
+    raw = np.concatenate([np.zeros(2, np.uint8), (np.arange(64, dtype=np.float32) / 64).view(np.uint8)]).tobytes()
+    misaligned = np.frombuffer(raw, dtype=np.float32, offset=2, count=64).reshape(1, 64)
+    assert not misaligned.flags.aligned
+    for x in (big_endian, misaligned):
+        before = x.copy()
+        result = harness.get(name)(x, weights)
+        assert result.dtype == np.float32 and result.dtype.isnative
+        assert harness.check(
+            result,
+            before.astype(np.float32),
+            weights.dequantize().T,
+            activation_rounding=harness.lookup(name).activation_rounding,
+        ).passed
+        np.testing.assert_allclose(result, expected, rtol=0.02, atol=0.02)
+        np.testing.assert_array_equal(x, before)
 
 
 def test_a_result_of_the_wrong_dtype_is_a_bug_not_an_answer(monkeypatch):
