@@ -253,12 +253,11 @@ class _TorchInt4Prepared:
     def __init__(self, x: np.ndarray, weights, threads):
         import torch
 
+        from .torch_int4 import int4_operands  # the GPU peer's reading of q4_0 as nibbles and scales
+
         if threads is not None:
             torch.set_num_threads(int(threads))
-        blocks = weights.data.reshape(weights.n, weights.k // 32, 18)
-        scales = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, K / 32]
-        packed = blocks[..., 2:]
-        nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(weights.n, weights.k)
+        nibbles, scales = int4_operands(weights)  # [N, K] 0..15, [N, K / 32]
         self.w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(nibbles.astype(np.int32)), 1)
         scale = torch.from_numpy(np.ascontiguousarray(scales.T))  # [K / 32, N]
         self.scales_and_zeros = torch.stack([scale, torch.zeros_like(scale)], dim=-1).contiguous()
