@@ -6,8 +6,8 @@
  * block of each activation row is quantized as ggml quantizes q8_0 (d_x = max|x| / 127 rounded
  * to float16, q_x = round(x / d_x)), once per call, and each block's dot product is taken in
  * integers: 32 products of int8 weights (q4_0: nibble - 8) and int8 activations, summed exactly
- * in int32, then scaled once by d_w * d_x and added to a float32 sum. That is 32 multiply-adds
- * in one or two instructions (AVX2: vpmaddubsw + vpmaddwd; AVX-512 VNNI: vpdpbusd), instead of
+ * in int32, then scaled once by d_w * d_x and added to a float32 sum. That is 64 multiply-adds
+ * in one instruction (AVX-512 VNNI's vpdpbusd; AVX2: vpmaddubsw + vpmaddwd for 32), instead of
  * converting 32 weights to float, scaling them and 32 FMAs.
  *
  * The price is the activations' rounding: each x moves by up to d_x / 2, half a step of its
@@ -15,23 +15,48 @@
  * of the float32 error (tests/test_decode.py checks both: the ordinary float32 error model
  * against the float64 product of the quantized X and W, and that bound against the exact one).
  *
- * Both integer instructions multiply unsigned by signed bytes, so a block's weights w are
- * applied as |w| (unsigned) times x with w's sign moved onto it (vpsignb), as llama.cpp does;
- * no pair sum can saturate (2 x 128 x 127 < 2^15).
+ * W is repacked once, outside the timed product, as ggml's CPU backend repacks q4_0 on load
+ * (matmul_decode_int8_pack: the same bytes, moved; the harness does it in prepare()):
  *
- * Variants: portable C, AVX2 (maddubs) and AVX-512 VNNI (vpdpbusd on 256-bit registers, which
- * needs AVX512_VNNI and AVX512VL), chosen at run time. Each Y element is the same float32
- * sequence over its blocks whatever thread computes it: the same bits for every thread count.
- * Activation rows are taken 16 at a time, each block of W unpacked once for all of them; up to
- * four rows of W at a time for up to four rows of X (a simpler kernel than decode.c's: from
- * five rows of X one row of W at a time, and K is never cut). The number of X rows is a
+ *   - One block per int32 lane. A group of 16 blocks (512 weights along K) of a row is 8
+ *     slots of 64 bytes; slot s holds weights 4s..4s+3 of each of the 16 blocks, lane by lane.
+ *     One vpdpbusd per slot then adds 4 products to each block's own lane, and after 8 slots
+ *     each lane is one whole block's dot product: no horizontal sums, and one vcvtph2ps turns
+ *     the group's 16 float16 scales into the 16 lanes' scales. q4_0 keeps slots 4..7 in the
+ *     high nibbles of slots 0..3: one 64-byte load, an AND and a shift-and-AND give two slots.
+ *   - Rows in tiles of 4, blocks of 8 tiles, and the bytes in the order the kernel reads them
+ *     (group_offset): each thread reads one sequential stream. (Read in ggml's order, four
+ *     rows at a time are four streams of a few KiB each, one row of 1 x 14336 x 4096 being
+ *     2,304 bytes, and each new stream costs the hardware prefetcher its warm-up.)
+ *   - A row's K is padded to whole groups with zero scales and zero weights.
+ *
+ * vpdpbusd multiplies unsigned by signed bytes. The activations go in as unsigned, x + 128
+ * (stored so by the quantizer), the weights as signed (q8_0: as stored; q4_0: the nibble n,
+ * which is w + 8), and the offsets come back out exactly: each block's lane starts from -128
+ * times the sum of its weights (one vpdpbusd per group of W, from the nibbles' byte sums,
+ * shared by every row of X) and, for q4_0, -8 times the sum of its activations (once per
+ * call, with X's quantization), so it ends at exactly sum (w * x). AVX2's vpmaddubsw
+ * saturates at 2^15, which x + 128 times w would pass, so it takes the weights as |w| with
+ * w's sign moved onto x (vpsignb), as llama.cpp does.
+ *
+ * Variants: portable C, AVX2 and AVX-512 VNNI (512-bit; AVX512_VNNI and AVX512BW), chosen at
+ * run time. Each Y element is one fixed float32 sequence over its blocks whatever thread,
+ * tile or slice of K computes it: the same bits for every thread count and every M.
+ * Activation rows are taken 16 at a time, each group of W unpacked once for all of them; four
+ * rows of W at a time for up to four rows of X, then one. The number of X rows is a
  * compile-time constant for every M = 1..16 (a switch over inlined copies), so the loops over
  * them unroll and their accumulators are registers instead of a run-time-indexed array; the
  * operations, and the bits, are the same.
+ *
+ * What bounds it (this project's Zen 4, 2 cores): at M = 1, q8_0 reads W at the memory's
+ * speed and q4_0 close to it; each further row of X costs 8 vpdpbusd per group, and this
+ * core retires about 1.6 of them per ns, so from M = 4 or so the instructions, not W's bytes,
+ * set the time.
  */
 #if !defined(__APPLE__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* posix_memalign under a strict -std=c11 */
 #endif
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -44,7 +69,16 @@
 #include <immintrin.h>
 #endif
 
-enum { Q8_BYTES = 34, ROWS = 16 };
+enum {
+    Q8_BYTES = 34,   /* one q8_0 block: a float16 scale, 32 int8 */
+    ROWS = 16,       /* rows of X per pass over W */
+    TILE = 4,        /* rows of W interleaved in the packed layout */
+    GROUP = 16,      /* blocks per group: one per int32 lane of a 512-bit register */
+    SLOTS = 8,       /* 4-weight slots per block */
+    BLOCK_TILES = 8, /* tiles per block: the rows a slice of K runs over before the next */
+    SLICE = 2,       /* groups per slice of K (TILES) */
+    PREFETCH = 4096, /* bytes ahead in W's stream, for q4_0 (tile_vnni) */
+};
 
 static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -82,65 +116,175 @@ static void quantize_block(const float *x, uint8_t *out) {
     for (int l = 0; l < DECODE_BLOCK; ++l) out[2 + l] = (uint8_t)(int8_t)roundf(x[l] * inverse);
 }
 
-/* x [n] to q8_0 blocks (n a multiple of 32); what tests/test_decode.py checks against gguf. */
-MATMUL_API void matmul_quantize_q8_0(const float *x, int64_t n, uint8_t *out) {
-    for (int64_t b = 0; b < n / DECODE_BLOCK; ++b) quantize_block(x + b * DECODE_BLOCK, out + b * Q8_BYTES);
+/* ---- W repacked (the header): tiles of TILE rows, groups of GROUP blocks ------------------- */
+
+/* Weight bytes of one row's group (its 16 float16 scales, 32 bytes, follow the tile's weights). */
+static inline int64_t group_weight_bytes(int format) { return format == DECODE_Q4_0 ? 256 : 512; }
+
+static inline int64_t groups_of(int64_t K) { return (K / DECODE_BLOCK + GROUP - 1) / GROUP; }
+
+/* Bytes of one packed row: every tile but the last holds TILE of them. */
+static inline int64_t packed_row_bytes(int format, int64_t K) {
+    return groups_of(K) * (group_weight_bytes(format) + 2 * GROUP);
 }
 
-/* ---- the kernels: Y[0..mb)[j0..j1) from X's q8_0 blocks, for each step b the mb rows' blocks
- * one after another (Xq + (b * mb + i) * 34) ------------------------------------------------ */
-
-typedef void (*int8_rows_fn)(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
-                             int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1);
-
-/* A block's float16 scale as float32, exactly and without branches (finite scales only: the
- * harness refuses the others): the half's fields moved into a float32's, rescaled by 2^112. */
-static inline float scale_of(const uint8_t *p) {
-    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
-    const uint32_t body = (h & 0x7fffu) << 13, sign = (h & 0x8000u) << 16;
-    float f;
-    memcpy(&f, &body, sizeof f);
-    f *= 0x1p112f;
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits |= sign;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+/* Where weight k (0..31) of block l (0..15) of a group sits among a row's group bytes: in slot
+ * k / 4 (64 bytes: 4 weights of each of the 16 blocks), byte 4 l + k % 4. q4_0 keeps slots 4..7
+ * in the high nibbles of slots 0..3. */
+static inline int64_t slot_byte(int format, int l, int k, int *high_nibble) {
+    const int slot = k / 4;
+    *high_nibble = format == DECODE_Q4_0 && slot >= 4;
+    return (format == DECODE_Q4_0 ? slot % 4 : slot) * 64 + 4 * l + k % 4;
 }
 
-/* A block's 32 weights as int8: q8_0's bytes, or q4_0's nibbles minus 8 (weights 0..15 low). */
-static inline void weights_portable(int format, const uint8_t *p, int8_t w[DECODE_BLOCK]) {
-    if (format == DECODE_Q8_0) {
-        memcpy(w, p + 2, DECODE_BLOCK);
-        return;
+/* Where the group g of tile t starts. The order: blocks of BLOCK_TILES tiles (32 rows), in each
+ * block slices of SLICE groups along K, in each slice the block's tiles, in each tile the
+ * slice's groups, in each group the tile's rows' weights then their scales: the order the
+ * kernels read in (TILES), so that each thread reads one sequential stream. */
+static inline int64_t group_offset(int format, int64_t N, int64_t groups, int64_t t, int64_t g) {
+    const int64_t row_group = group_weight_bytes(format) + 2 * GROUP, block_rows = BLOCK_TILES * TILE;
+    const int64_t block = t / BLOCK_TILES, rows_in_block = min_i64(block_rows, N - block * block_rows);
+    const int64_t g0 = g / SLICE * SLICE, in_slice = min_i64(SLICE, groups - g0), rows_in = min_i64(TILE, N - t * TILE);
+    return (block * block_rows * groups + rows_in_block * g0 + (t - block * BLOCK_TILES) * TILE * in_slice +
+            (g - g0) * rows_in) *
+           row_group;
+}
+
+static int check_shape(int64_t N, int64_t K, int64_t format) {
+    if (N < 0 || K < 0) return DECODE_ERR_ARGUMENT;
+    if (format != DECODE_Q8_0 && format != DECODE_Q4_0) return DECODE_ERR_FORMAT;
+    if (K % DECODE_BLOCK) return DECODE_ERR_BLOCK;
+    return DECODE_OK;
+}
+
+/* The size of matmul_decode_int8_pack's output for W [N, K] in `format`, or minus a decode.h
+ * code (-2 negative dimension, -3 format, -4 K not a multiple of 32). */
+MATMUL_API int64_t matmul_decode_int8_packed_bytes(int64_t N, int64_t K, int64_t format) {
+    const int status = check_shape(N, K, format);
+    return status ? -status : N * packed_row_bytes((int)format, K);
+}
+
+/* W [N, K] in ggml's bytes (N rows of K / 32 blocks) to the layout the kernels read, in `out`
+ * (matmul_decode_int8_packed_bytes long); q4_0's nibbles stay unsigned. Returns decode.h's
+ * codes. */
+MATMUL_API int matmul_decode_int8_pack(const uint8_t *W, int64_t N, int64_t K, int64_t format, uint8_t *out) {
+    const int status = check_shape(N, K, format);
+    if (status) return status;
+    const int64_t blocks = K / DECODE_BLOCK, groups = groups_of(K), step = decode_step_bytes((int)format);
+    const int64_t weight_bytes = group_weight_bytes((int)format);
+    const uint8_t pad = format == DECODE_Q4_0 ? 8 : 0; /* weight 0 (q4_0: nibble 8), scale 0 */
+    for (int64_t j = 0; j < N; ++j) {
+        const int64_t tile = j / TILE, r = j % TILE, rows_in = min_i64(TILE, N - tile * TILE);
+        for (int64_t g = 0; g < groups; ++g) {
+            uint8_t *at = out + group_offset((int)format, N, groups, tile, g);
+            uint8_t *weights = at + r * weight_bytes, *scales = at + rows_in * weight_bytes + r * 2 * GROUP;
+            for (int l = 0; l < GROUP; ++l) {
+                const int64_t b = g * GROUP + l;
+                const uint8_t *block = W + (j * blocks + b) * step;
+                scales[2 * l] = b < blocks ? block[0] : 0;
+                scales[2 * l + 1] = b < blocks ? block[1] : 0;
+                for (int k = 0; k < DECODE_BLOCK; ++k) {
+                    uint8_t value = pad;
+                    if (b < blocks && format == DECODE_Q8_0)
+                        value = block[2 + k];
+                    else if (b < blocks)
+                        value = k < 16 ? block[2 + k] & 0x0f : block[2 + k - 16] >> 4;
+                    int high;
+                    uint8_t *byte = weights + slot_byte((int)format, l, k, &high);
+                    if (format == DECODE_Q8_0)
+                        *byte = value;
+                    else
+                        *byte = high ? (uint8_t)((*byte & 0x0f) | value << 4) : (uint8_t)((*byte & 0xf0) | value);
+                }
+            }
+        }
     }
-    for (int l = 0; l < 16; ++l) {
-        w[l] = (int8_t)((p[2 + l] & 0x0f) - 8);
-        w[l + 16] = (int8_t)((p[2 + l] >> 4) - 8);
+    return DECODE_OK;
+}
+
+/* ---- X, quantized once per call ----------------------------------------------------------- */
+
+/* One activation row's share of a group (16 blocks, 512 values along K), in the layout of W's:
+ * what one vpdpbusd per slot multiplies by W's slot. */
+struct x_group {
+    uint8_t q[SLOTS * 64]; /* x + 128 (unsigned: the header), slot by slot as slot_byte places W */
+    int32_t offset[GROUP]; /* for q4_0: -8 times the sum of each block's 32 x (the header) */
+    float d[GROUP];        /* each block's float16 scale, as float32 */
+};
+
+/* One block of X into lane l of its group entry, from its q8_0 bytes (quantize_block): stored
+ * as x + 128 in W's slot order (slot_byte), with its offset and scale. */
+static void put_block(const uint8_t block[Q8_BYTES], struct x_group *entry, int l) {
+    int32_t sum = 0;
+    for (int s = 0; s < SLOTS; ++s) {
+        uint8_t four[4];
+        for (int t = 0; t < 4; ++t) {
+            four[t] = (uint8_t)(block[2 + 4 * s + t] ^ 0x80);
+            sum += (int8_t)block[2 + 4 * s + t];
+        }
+        memcpy(entry->q + 64 * s + 4 * l, four, 4);
+    }
+    entry->offset[l] = -8 * sum;
+    entry->d[l] = decode_half(block);
+}
+
+typedef void (*quantize_fn)(const float *x, uint8_t *out);
+
+/* For each pass of up to ROWS rows, each group, the pass's rows in turn: group g of row i0 + m
+ * of the pass at i0 is x[i0 * groups + g * mb + m]. The padding blocks are x = 0. */
+static void quantize_activations(const float *X, int64_t M, int64_t K, quantize_fn quantize, struct x_group *x) {
+    const int64_t blocks = K / DECODE_BLOCK, groups = groups_of(K);
+    for (int64_t e = 0; e < M * groups; ++e) {
+        memset(x[e].q, 128, sizeof x[e].q);
+        memset(x[e].offset, 0, sizeof x[e].offset);
+        memset(x[e].d, 0, sizeof x[e].d);
+    }
+    for (int64_t i0 = 0; i0 < M; i0 += ROWS) {
+        const int64_t mb = min_i64(ROWS, M - i0);
+        for (int64_t b = 0; b < blocks; ++b)
+            for (int64_t m = 0; m < mb; ++m) {
+                uint8_t block[Q8_BYTES];
+                quantize(X + (i0 + m) * K + b * DECODE_BLOCK, block);
+                put_block(block, x + i0 * groups + b / GROUP * mb + m, (int)(b % GROUP));
+            }
     }
 }
 
-static void rows_portable(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
-                          int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
-    const int64_t step_bytes = decode_step_bytes(format);
-    for (int64_t j = j0; j < j1; ++j) {
+/* ---- the kernels: Y[0..mb)[rows of blocks b0..b1), X's groups for the pass at x ------------- */
+
+typedef void (*int8_rows_fn)(int format, const struct x_group *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K,
+                             float *Y, int64_t ldy, int64_t b0, int64_t b1);
+
+static void rows_portable(int format, const struct x_group *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K,
+                          float *Y, int64_t ldy, int64_t b0, int64_t b1) {
+    const int64_t groups = groups_of(K), weight_bytes = group_weight_bytes(format);
+    for (int64_t j = b0 * BLOCK_TILES * TILE; j < min_i64(b1 * BLOCK_TILES * TILE, N); ++j) {
+        const int64_t tile = j / TILE, r = j % TILE, rows_in = min_i64(TILE, N - tile * TILE);
         float acc[ROWS] = {0};
-        for (int64_t b = 0; b < steps; ++b) {
-            const uint8_t *p = W + j * row_bytes + b * step_bytes;
-            int8_t w8[DECODE_BLOCK];
-            weights_portable(format, p, w8);
-            /* int16 operands: GCC 12 at -O3 with AVX512_VNNI vectorizes a sum of products of two
-             * signed char arrays with vpdpbusd, which reads one of them as unsigned (wrong
-             * results); products of shorts go to vpdpwssd, signed times signed. */
-            int16_t w[DECODE_BLOCK], xs[DECODE_BLOCK];
-            for (int l = 0; l < DECODE_BLOCK; ++l) w[l] = w8[l];
-            const float dw = decode_half(p);
-            for (int64_t i = 0; i < mb; ++i) {
-                const uint8_t *x = Xq + (b * mb + i) * Q8_BYTES;
-                for (int l = 0; l < DECODE_BLOCK; ++l) xs[l] = (int8_t)x[2 + l];
-                int32_t dot = 0;
-                for (int l = 0; l < DECODE_BLOCK; ++l) dot += (int32_t)w[l] * xs[l];
-                acc[i] += (float)dot * (dw * xd[b * mb + i]);
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint8_t *at = W + group_offset(format, N, groups, tile, g);
+            const uint8_t *weights = at + r * weight_bytes, *scales = at + rows_in * weight_bytes + r * 2 * GROUP;
+            for (int l = 0; l < GROUP; ++l) {
+                /* int16 operands: GCC 12 at -O3 with AVX512_VNNI vectorizes a sum of products of
+                 * two signed char arrays with vpdpbusd, which reads one of them as unsigned
+                 * (wrong results); products of shorts go to vpdpwssd, signed times signed. */
+                int16_t w[DECODE_BLOCK], xs[DECODE_BLOCK];
+                for (int k = 0; k < DECODE_BLOCK; ++k) {
+                    int high;
+                    const uint8_t byte = weights[slot_byte(format, l, k, &high)];
+                    w[k] = (int16_t)(format == DECODE_Q8_0 ? (int8_t)byte : (high ? byte >> 4 : byte & 0x0f) - 8);
+                }
+                const float dw = decode_half(scales + 2 * l);
+                for (int64_t i = 0; i < mb; ++i) {
+                    const struct x_group *entry = x + g * mb + i;
+                    for (int k = 0; k < DECODE_BLOCK; ++k) {
+                        int high;
+                        xs[k] = (int16_t)(entry->q[slot_byte(DECODE_Q8_0, l, k, &high)] - 128);
+                    }
+                    int32_t dot = 0;
+                    for (int k = 0; k < DECODE_BLOCK; ++k) dot += (int32_t)w[k] * xs[k];
+                    acc[i] += (float)dot * (dw * entry->d[l]);
+                }
             }
         }
         for (int64_t i = 0; i < mb; ++i) Y[i * ldy + j] = acc[i];
@@ -149,16 +293,8 @@ static void rows_portable(int format, const uint8_t *Xq, const float *xd, int64_
 
 #if DECODE_HAVE_X86
 #define INLINE static inline __attribute__((always_inline))
-#define AVX2   __attribute__((target("avx2,fma")))
-#define VNNI   __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
-
-/* 32 int8 weights of a block in a ymm (q4_0: low nibbles are weights 0..15, in the low lane). */
-AVX2 INLINE __m256i weights_avx2(int format, const uint8_t *p) {
-    if (format == DECODE_Q8_0) return _mm256_loadu_si256((const __m256i *)(p + 2));
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)(p + 2));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
-    return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
-}
+#define AVX2   __attribute__((target("avx2,fma,f16c")))
+#define VNNI   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 
 AVX2 INLINE float sum8(__m256 v) {
     const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -166,62 +302,192 @@ AVX2 INLINE float sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
 }
 
-/* The int32 x 8 partial sums of a block's dot product: |w| (unsigned) times x with w's sign. */
-AVX2 INLINE __m256i dot_avx2(__m256i abs_w, __m256i w, const uint8_t *x) {
-    const __m256i signed_x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x + 2)), w);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, signed_x), _mm256_set1_epi16(1));
-}
-
-VNNI INLINE __m256i dot_vnni(__m256i abs_w, __m256i w, const uint8_t *x) {
-    const __m256i signed_x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x + 2)), w);
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), abs_w, signed_x);
-}
-
-/* R rows of W from row j for mb rows of X (constants where rows_avx2 calls it). */
-AVX2 INLINE void tile_avx2(int format, const int R, const int mb, const uint8_t *Xq, const float *xd, const uint8_t *W,
-                           int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j) {
-    const int64_t step_bytes = decode_step_bytes(format);
+/* R rows of a tile (rows_in rows), from its row r0, for mb rows of X: 8 blocks (each slot's
+ * 256-bit half) at a time, the weights signed as |w| with their signs moved onto x
+ * (vpmaddubsw saturates: the header). */
+AVX2 INLINE void tile_avx2(const int format, const int R, const int mb, const struct x_group *x, const uint8_t *tile,
+                           int64_t rows_in, int64_t r0, int64_t groups, int64_t g0, int64_t g1, float *partial,
+                           float *Y, int64_t ldy) {
+    const int64_t weight_bytes = group_weight_bytes(format), group_bytes = rows_in * (weight_bytes + 2 * GROUP);
+    const __m256i low = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    const __m256i sign_bit = _mm256_set1_epi8((char)0x80);
     __m256 acc[ROWS];
 #pragma GCC unroll 16
-    for (int a = 0; a < R * mb; ++a) acc[a] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < steps; ++b) {
+    for (int a = 0; a < R * mb; ++a) acc[a] = g0 ? _mm256_load_ps(partial + 16 * (r0 * mb + a)) : _mm256_setzero_ps();
+    for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t *at = tile + (g - g0) * group_bytes;
+        for (int r = 0; r < R; ++r)
+            for (int half = 0; half < 2; ++half) { /* blocks 0..7, then 8..15 */
+                const uint8_t *w = at + (r0 + r) * weight_bytes + 32 * half;
+                const __m256 dw = _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)(at + rows_in * weight_bytes + (r0 + r) * 2 * GROUP + 16 * half)));
+                __m256i slot[SLOTS];
+                if (format == DECODE_Q4_0)
+                    for (int s = 0; s < 4; ++s) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * s));
+                        slot[s] = _mm256_sub_epi8(_mm256_and_si256(v, low), eight);
+                        slot[s + 4] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), eight);
+                    }
+                else
+                    for (int s = 0; s < SLOTS; ++s) slot[s] = _mm256_loadu_si256((const __m256i *)(w + 64 * s));
+#pragma GCC unroll 16
+                for (int i = 0; i < mb; ++i) {
+                    const struct x_group *entry = x + g * mb + i;
+                    __m256i dot = _mm256_setzero_si256();
+                    for (int s = 0; s < SLOTS; ++s) {
+                        const __m256i xs = _mm256_xor_si256(
+                            _mm256_load_si256((const __m256i *)(entry->q + 64 * s + 32 * half)), sign_bit);
+                        const __m256i products =
+                            _mm256_maddubs_epi16(_mm256_sign_epi8(slot[s], slot[s]), _mm256_sign_epi8(xs, slot[s]));
+                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(products, ones));
+                    }
+                    const __m256 scale = _mm256_mul_ps(dw, _mm256_load_ps(entry->d + 8 * half));
+                    acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r * mb + i]);
+                }
+            }
+    }
+    if (g1 < groups)
+#pragma GCC unroll 16
+        for (int a = 0; a < R * mb; ++a) _mm256_store_ps(partial + 16 * (r0 * mb + a), acc[a]);
+    else
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+            for (int i = 0; i < mb; ++i) Y[i * ldy + r0 + r] = sum8(acc[r * mb + i]);
+}
+
+/* R rows of a tile (rows_in rows), from its row r0, for mb rows of X: 16 blocks at a time, one
+ * block per int32 lane, x + 128 times w through vpdpbusd (the header). */
+VNNI INLINE void tile_vnni(const int format, const int R, const int mb, const struct x_group *x, const uint8_t *tile,
+                           int64_t rows_in, int64_t r0, int64_t groups, int64_t g0, int64_t g1, float *partial,
+                           float *Y, int64_t ldy) {
+    const int64_t weight_bytes = group_weight_bytes(format), group_bytes = rows_in * (weight_bytes + 2 * GROUP);
+    const __m512i low = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+    const __m512i minus_128 = _mm512_set1_epi8((char)0x80); /* as a signed byte -128, unsigned 128 */
+    __m512 acc[ROWS];
+#pragma GCC unroll 16
+    for (int a = 0; a < R * mb; ++a) acc[a] = g0 ? _mm512_load_ps(partial + 16 * (r0 * mb + a)) : _mm512_setzero_ps();
+    for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t *at = tile + (g - g0) * group_bytes;
         for (int r = 0; r < R; ++r) {
-            const uint8_t *p = W + (j + r) * row_bytes + b * step_bytes;
-            const __m256i w = weights_avx2(format, p), abs_w = _mm256_sign_epi8(w, w);
-            const float dw = scale_of(p);
+            const uint8_t *w = at + (r0 + r) * weight_bytes;
+            /* q4_0 spends more instructions per byte of W than q8_0, and so lets fewer of W's
+             * lines be in flight from memory: ahead by hand it reads 10-30% faster (q8_0 slower) */
+            if (format == DECODE_Q4_0)
+                for (int64_t line = 0; line < weight_bytes + 2 * GROUP; line += 64)
+                    _mm_prefetch((const char *)(w + PREFETCH + line), _MM_HINT_T0);
+            const __m512 dw = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(at + rows_in * weight_bytes + (r0 + r) * 2 * GROUP)));
+            __m512i slot[SLOTS], from; /* the weights (q4_0: nibbles), and where each lane's sum starts */
+            if (format == DECODE_Q4_0) {
+                __m512i nibbles = zero; /* per byte, the sum of the 8 slots' nibbles: at most 120 */
+                for (int s = 0; s < 4; ++s) {
+                    const __m512i v = _mm512_loadu_si512(w + 64 * s);
+                    slot[s] = _mm512_and_si512(v, low);
+                    slot[s + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    nibbles = _mm512_add_epi8(nibbles, _mm512_add_epi8(slot[s], slot[s + 4]));
+                }
+                from = _mm512_dpbusd_epi32(zero, nibbles, minus_128); /* -128 times each block's nibbles */
+            } else {
+                __m512i sums = zero;
+                for (int s = 0; s < SLOTS; ++s) {
+                    slot[s] = _mm512_loadu_si512(w + 64 * s);
+                    sums = _mm512_dpbusd_epi32(sums, minus_128, slot[s]); /* 128 times each block's weights */
+                }
+                from = _mm512_sub_epi32(zero, sums);
+            }
 #pragma GCC unroll 16
             for (int i = 0; i < mb; ++i) {
-                const __m256 scale = _mm256_set1_ps(dw * xd[b * mb + i]);
-                const __m256i dot = dot_avx2(abs_w, w, Xq + (b * mb + i) * Q8_BYTES);
-                acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r * mb + i]);
+                const struct x_group *entry = x + g * mb + i;
+                /* two chains of 4 vpdpbusd each, for the latency */
+                __m512i even = format == DECODE_Q4_0 ? _mm512_add_epi32(from, _mm512_load_si512(entry->offset)) : from;
+                __m512i odd = zero;
+                for (int s = 0; s < SLOTS; s += 2) {
+                    even = _mm512_dpbusd_epi32(even, _mm512_load_si512(entry->q + 64 * s), slot[s]);
+                    odd = _mm512_dpbusd_epi32(odd, _mm512_load_si512(entry->q + 64 * (s + 1)), slot[s + 1]);
+                }
+                const __m512 scale = _mm512_mul_ps(dw, _mm512_load_ps(entry->d));
+                acc[r * mb + i] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even, odd)), scale, acc[r * mb + i]);
             }
         }
     }
-    for (int r = 0; r < R; ++r)
+    if (g1 < groups)
 #pragma GCC unroll 16
-        for (int i = 0; i < mb; ++i) Y[i * ldy + j + r] = sum8(acc[r * mb + i]);
+        for (int a = 0; a < R * mb; ++a) _mm512_store_ps(partial + 16 * (r0 * mb + a), acc[a]);
+    else
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+            for (int i = 0; i < mb; ++i) Y[i * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r * mb + i]);
 }
 
-/* Rows of W at a time: four independent chains of FMAs for one or two rows of X, two for three
- * or four, then one (R x mb accumulators of at most 8). */
-AVX2 INLINE void rows_mb_avx2(int format, const int R, const int mb, const uint8_t *Xq, const float *xd,
-                              const uint8_t *W, int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0,
-                              int64_t j1) {
-    int64_t j = j0;
-    for (; j + R <= j1; j += R) tile_avx2(format, R, mb, Xq, xd, W, row_bytes, Y, ldy, steps, j);
-    for (; j < j1; ++j) tile_avx2(format, 1, mb, Xq, xd, W, row_bytes, Y, ldy, steps, j);
+/* 16 floats, already multiplied by 1 / d, to int8 as quantize_block rounds them: roundf,
+ * half away from zero (the truncation, plus the sign where the rest is at least a half; both
+ * exact). */
+VNNI INLINE __m128i round_to_bytes(__m512 v) {
+    const __m512 whole = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask16 away = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, whole)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u));
+    const __m512 one = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_castps_si512(_mm512_set1_ps(1.0f))));
+    return _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_mask_add_ps(whole, away, whole, one)));
 }
 
-AVX2 static void rows_avx2(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
-                           int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
+/* quantize_block, the same bytes, in 512-bit registers (a block with an infinity or a NaN, or
+ * a scale too small to invert, goes to quantize_block itself). */
+VNNI static void quantize_block_avx512(const float *x, uint8_t *out) {
+    const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float d = amax / 127.0f, inverse = d != 0 ? 1.0f / d : 0.0f;
+    if (_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) || !(amax <= FLT_MAX) || !(inverse <= FLT_MAX)) {
+        quantize_block(x, out);
+        return;
+    }
+    const uint16_t h = half_of(d);
+    out[0] = (uint8_t)(h & 0xff);
+    out[1] = (uint8_t)(h >> 8);
+    const __m512 scale = _mm512_set1_ps(inverse);
+    _mm_storeu_si128((__m128i *)(out + 2), round_to_bytes(_mm512_mul_ps(a, scale)));
+    _mm_storeu_si128((__m128i *)(out + 18), round_to_bytes(_mm512_mul_ps(b, scale)));
+}
+
+/* Blocks b0..b1 of BLOCK_TILES tiles of W, R rows of each tile at a time (the last tile may
+ * hold fewer than TILE rows: what R does not divide goes one row at a time, with the same
+ * operations per row).
+ *
+ * K in slices of SLICE groups, so that the share of X a slice needs stays in L1 beside the
+ * stream of W: every row of W is multiplied by all of X, which at M x K x 1.25 bytes is in L2
+ * from about 8 x 2048, and reading it from there, not W's memory traffic, set the time
+ * (8 x 4096 x 14336 took 1.5-2x as long with whole rows on this project's Zen 4). Each slice
+ * runs over all of the block's rows in turn; between slices each row's accumulators wait in
+ * `partial`, exactly, so the float32 sums and the bits are those of whole rows. */
+#define TILES(KERNEL, FORMAT, R, MB)                                                                                   \
+    do {                                                                                                               \
+        const int64_t groups = groups_of(K), tiles = (N + TILE - 1) / TILE;                                            \
+        for (int64_t block = b0; block < b1; ++block)                                                                  \
+            for (int64_t g0 = 0; g0 < groups; g0 += SLICE)                                                             \
+                for (int64_t t = block * BLOCK_TILES; t < min_i64((block + 1) * BLOCK_TILES, tiles); ++t) {            \
+                    const int64_t rows_in = min_i64(TILE, N - t * TILE), g1 = min_i64(g0 + SLICE, groups);             \
+                    const uint8_t *at = W + group_offset(FORMAT, N, groups, t, g0);                                    \
+                    float *y = Y + t * TILE, *part = partial + (t - block * BLOCK_TILES) * TILE * ROWS * 16;           \
+                    int64_t r = 0;                                                                                     \
+                    for (; r + (R) <= rows_in; r += (R))                                                               \
+                        KERNEL(FORMAT, R, MB, x, at, rows_in, r, groups, g0, g1, part, y, ldy);                        \
+                    for (; r < rows_in; ++r) KERNEL(FORMAT, 1, MB, x, at, rows_in, r, groups, g0, g1, part, y, ldy);   \
+                }                                                                                                      \
+    } while (0)
+
+/* mb as a constant: its loops unroll and its accumulators live in registers. AVX2 has 16
+ * registers: up to 8 accumulators (R x mb), then one row of W at a time. */
+AVX2 INLINE void rows_avx2_format(const int format, const struct x_group *x, int64_t mb, const uint8_t *W, int64_t N,
+                                  int64_t K, float *Y, int64_t ldy, int64_t b0, int64_t b1) {
+    /* each row's accumulators between slices of K (TILES), for a block of tiles */
+    _Alignas(64) float partial[BLOCK_TILES * TILE * ROWS * 16];
     // clang-format off: one case per line, as a table
-    switch (mb) { /* mb as a constant: its loops unroll and its accumulators live in registers */
-    case 1: rows_mb_avx2(format, 4, 1, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-    case 2: rows_mb_avx2(format, 4, 2, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-    case 3: rows_mb_avx2(format, 2, 3, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-    case 4: rows_mb_avx2(format, 2, 4, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-#define ONE_ROW(m) \
-    case m: rows_mb_avx2(format, 1, m, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    switch (mb) {
+    case 1: TILES(tile_avx2, format, 4, 1); break;
+    case 2: TILES(tile_avx2, format, 4, 2); break;
+    case 3: TILES(tile_avx2, format, 2, 3); break;
+    case 4: TILES(tile_avx2, format, 2, 4); break;
+#define ONE_ROW(m) case m: TILES(tile_avx2, format, 1, m); break;
         ONE_ROW(5) ONE_ROW(6) ONE_ROW(7) ONE_ROW(8) ONE_ROW(9) ONE_ROW(10) ONE_ROW(11) ONE_ROW(12)
         ONE_ROW(13) ONE_ROW(14) ONE_ROW(15) ONE_ROW(16)
 #undef ONE_ROW
@@ -230,57 +496,41 @@ AVX2 static void rows_avx2(int format, const uint8_t *Xq, const float *xd, int64
     // clang-format on
 }
 
-/* R rows of W from row j for mb rows of X (constants where rows_vnni calls it). */
-VNNI INLINE void tile_vnni(int format, const int R, const int mb, const uint8_t *Xq, const float *xd, const uint8_t *W,
-                           int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j) {
-    const int64_t step_bytes = decode_step_bytes(format);
-    __m256 acc[ROWS];
-#pragma GCC unroll 16
-    for (int a = 0; a < R * mb; ++a) acc[a] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < steps; ++b) {
-        for (int r = 0; r < R; ++r) {
-            const uint8_t *p = W + (j + r) * row_bytes + b * step_bytes;
-            const __m256i w = weights_avx2(format, p), abs_w = _mm256_sign_epi8(w, w);
-            const float dw = scale_of(p);
-#pragma GCC unroll 16
-            for (int i = 0; i < mb; ++i) {
-                const __m256 scale = _mm256_set1_ps(dw * xd[b * mb + i]);
-                const __m256i dot = dot_vnni(abs_w, w, Xq + (b * mb + i) * Q8_BYTES);
-                acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r * mb + i]);
-            }
-        }
-    }
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-        for (int i = 0; i < mb; ++i) Y[i * ldy + j + r] = sum8(acc[r * mb + i]);
+AVX2 static void rows_avx2(int format, const struct x_group *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K,
+                           float *Y, int64_t ldy, int64_t b0, int64_t b1) {
+    if (format == DECODE_Q4_0)
+        rows_avx2_format(DECODE_Q4_0, x, mb, W, N, K, Y, ldy, b0, b1);
+    else
+        rows_avx2_format(DECODE_Q8_0, x, mb, W, N, K, Y, ldy, b0, b1);
 }
 
-/* Rows of W at a time: four independent chains of FMAs for one or two rows of X, two for three
- * or four, then one (R x mb accumulators of at most 8). */
-VNNI INLINE void rows_mb_vnni(int format, const int R, const int mb, const uint8_t *Xq, const float *xd,
-                              const uint8_t *W, int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0,
-                              int64_t j1) {
-    int64_t j = j0;
-    for (; j + R <= j1; j += R) tile_vnni(format, R, mb, Xq, xd, W, row_bytes, Y, ldy, steps, j);
-    for (; j < j1; ++j) tile_vnni(format, 1, mb, Xq, xd, W, row_bytes, Y, ldy, steps, j);
-}
-
-VNNI static void rows_vnni(int format, const uint8_t *Xq, const float *xd, int64_t mb, const uint8_t *W,
-                           int64_t row_bytes, float *Y, int64_t ldy, int64_t steps, int64_t j0, int64_t j1) {
+/* AVX-512 has 32 registers: up to 16 accumulators beside a row's 8 slots, then one row of W at
+ * a time (two rows at M = 5..8 would need about all 32). */
+VNNI INLINE void rows_vnni_format(const int format, const struct x_group *x, int64_t mb, const uint8_t *W, int64_t N,
+                                  int64_t K, float *Y, int64_t ldy, int64_t b0, int64_t b1) {
+    /* each row's accumulators between slices of K (TILES), for a block of tiles */
+    _Alignas(64) float partial[BLOCK_TILES * TILE * ROWS * 16];
     // clang-format off: one case per line, as a table
-    switch (mb) { /* mb as a constant: its loops unroll and its accumulators live in registers */
-    case 1: rows_mb_vnni(format, 4, 1, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-    case 2: rows_mb_vnni(format, 4, 2, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-    case 3: rows_mb_vnni(format, 2, 3, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-    case 4: rows_mb_vnni(format, 2, 4, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
-#define ONE_ROW(m) \
-    case m: rows_mb_vnni(format, 1, m, Xq, xd, W, row_bytes, Y, ldy, steps, j0, j1); break;
+    switch (mb) {
+    case 1: TILES(tile_vnni, format, 4, 1); break;
+    case 2: TILES(tile_vnni, format, 4, 2); break;
+    case 3: TILES(tile_vnni, format, 4, 3); break;
+    case 4: TILES(tile_vnni, format, 4, 4); break;
+#define ONE_ROW(m) case m: TILES(tile_vnni, format, 1, m); break;
         ONE_ROW(5) ONE_ROW(6) ONE_ROW(7) ONE_ROW(8) ONE_ROW(9) ONE_ROW(10) ONE_ROW(11) ONE_ROW(12)
         ONE_ROW(13) ONE_ROW(14) ONE_ROW(15) ONE_ROW(16)
 #undef ONE_ROW
     default: break; /* the driver passes at most ROWS */
     }
     // clang-format on
+}
+
+VNNI static void rows_vnni(int format, const struct x_group *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K,
+                           float *Y, int64_t ldy, int64_t b0, int64_t b1) {
+    if (format == DECODE_Q4_0)
+        rows_vnni_format(DECODE_Q4_0, x, mb, W, N, K, Y, ldy, b0, b1);
+    else
+        rows_vnni_format(DECODE_Q8_0, x, mb, W, N, K, Y, ldy, b0, b1);
 }
 
 #endif
@@ -292,11 +542,13 @@ MATMUL_API int matmul_decode_int8_variant_supported(int64_t variant) {
     case DECODE_AUTO:
     case DECODE_PORTABLE: return 1;
 #if DECODE_HAVE_X86 && (defined(__GNUC__) || defined(__clang__))
-    case DECODE_AVX2: __builtin_cpu_init(); return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case DECODE_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case DECODE_AVX512:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512vl") &&
-               __builtin_cpu_supports("avx512vnni");
+        return matmul_decode_int8_variant_supported(DECODE_AVX2) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 #endif
     default: return 0;
     }
@@ -311,33 +563,53 @@ MATMUL_API int64_t matmul_decode_int8_resolve_variant(int64_t variant) {
     return matmul_decode_int8_variant_supported(variant) ? variant : -1;
 }
 
+static quantize_fn quantizer_for(int64_t resolved) {
+#if DECODE_HAVE_X86
+    if (resolved == DECODE_AVX512) return quantize_block_avx512;
+#endif
+    (void)resolved;
+    return quantize_block;
+}
+
+/* x [n] to q8_0 blocks (n a multiple of 32) with the quantizer `variant` uses (AVX-512 has
+ * its own): what tests/test_decode.py checks against gguf. Returns decode.h's codes. */
+MATMUL_API int matmul_quantize_q8_0(const float *x, int64_t n, uint8_t *out, int64_t variant) {
+    if (n < 0) return DECODE_ERR_ARGUMENT;
+    if (n % DECODE_BLOCK) return DECODE_ERR_BLOCK;
+    const int64_t resolved = matmul_decode_int8_resolve_variant(variant);
+    if (resolved < 0) return DECODE_ERR_VARIANT;
+    const quantize_fn quantize = quantizer_for(resolved);
+    for (int64_t b = 0; b < n / DECODE_BLOCK; ++b) quantize(x + b * DECODE_BLOCK, out + b * Q8_BYTES);
+    return DECODE_OK;
+}
+
 static const double MIN_FMAS_PER_THREAD = 1 << 19;
 
 struct int8_job {
-    const uint8_t *Xq, *W;
-    const float *xd; /* X's block scales as float32, in Xq's order */
+    const struct x_group *x; /* X as quantize_activations leaves it */
+    const uint8_t *W;        /* packed */
     float *Y;
-    int64_t M, N, steps, row_bytes, parts;
+    int64_t M, N, K, groups, blocks, parts;
     int format;
     int8_rows_fn rows;
 };
 
 static void int8_task(void *context, int64_t part) {
     const struct int8_job *job = context;
-    const int64_t j0 = job->N * part / job->parts, j1 = job->N * (part + 1) / job->parts;
-    for (int64_t i0 = 0; j0 < j1 && i0 < job->M; i0 += ROWS)
-        job->rows(job->format, job->Xq + i0 * job->steps * Q8_BYTES, job->xd + i0 * job->steps,
-                  min_i64(ROWS, job->M - i0), job->W, job->row_bytes, job->Y + i0 * job->N, job->N, job->steps, j0, j1);
+    const int64_t b0 = job->blocks * part / job->parts, b1 = job->blocks * (part + 1) / job->parts;
+    for (int64_t i0 = 0; b0 < b1 && i0 < job->M; i0 += ROWS)
+        job->rows(job->format, job->x + i0 * job->groups, min_i64(ROWS, job->M - i0), job->W, job->N, job->K,
+                  job->Y + i0 * job->N, job->N, b0, b1);
 }
 
-/* Y [M, N] = q8_0(X) [M, K] @ W^T for W [N, K] in ggml `format` (2 = q4_0, 8 = q8_0). threads
- * and variant as matmul_decode_f32 (3 = AVX-512 VNNI). Returns decode.h's codes (3 for bf16 or
- * any other format). */
-MATMUL_API int matmul_decode_int8_f32(const float *X, const uint8_t *W, float *Y, int64_t M, int64_t N, int64_t K,
-                                      int64_t format, int64_t threads, int64_t variant) {
-    if (M < 0 || N < 0 || K < 0) return DECODE_ERR_ARGUMENT;
-    if (format != DECODE_Q8_0 && format != DECODE_Q4_0) return DECODE_ERR_FORMAT;
-    if (K % DECODE_BLOCK) return DECODE_ERR_BLOCK;
+/* Y [M, N] = q8_0(X) [M, K] @ W^T for W [N, K] in ggml `format` (2 = q4_0, 8 = q8_0), given as
+ * matmul_decode_int8_pack made it. threads and variant as matmul_decode_f32 (3 = AVX-512
+ * VNNI). Returns decode.h's codes (3 for bf16 or any other format). */
+MATMUL_API int matmul_decode_int8_f32(const float *X, const uint8_t *W_packed, float *Y, int64_t M, int64_t N,
+                                      int64_t K, int64_t format, int64_t threads, int64_t variant) {
+    if (M < 0) return DECODE_ERR_ARGUMENT;
+    const int status = check_shape(N, K, format);
+    if (status) return status;
     const int64_t resolved = matmul_decode_int8_resolve_variant(variant);
     if (resolved < 0) return DECODE_ERR_VARIANT;
     if (M == 0 || N == 0) return DECODE_OK;
@@ -345,36 +617,24 @@ MATMUL_API int matmul_decode_int8_f32(const float *X, const uint8_t *W, float *Y
         memset(Y, 0, (size_t)(M * N) * sizeof(float));
         return DECODE_OK;
     }
-    struct int8_job job = {NULL, W, NULL, Y, M, N, K / DECODE_BLOCK, 0, 1, (int)format, rows_portable};
-    job.row_bytes = job.steps * decode_step_bytes((int)format);
+    struct int8_job job = {
+        NULL,        W_packed,     Y, M, N, K, groups_of(K), (N + BLOCK_TILES * TILE - 1) / (BLOCK_TILES * TILE), 1,
+        (int)format, rows_portable};
 #if DECODE_HAVE_X86
     if (resolved == DECODE_AVX2) job.rows = rows_avx2;
     if (resolved == DECODE_AVX512) job.rows = rows_vnni;
 #endif
-    /* X quantized once: for each pass of 16 rows, each step, the rows' q8_0 blocks in turn */
-    const size_t blocks = (size_t)(M * job.steps);
     void *memory = NULL;
-    if (posix_memalign(&memory, 64, blocks * (Q8_BYTES + sizeof(float)))) return DECODE_ERR_MEMORY;
-    float *xd = memory;
-    uint8_t *Xq = (uint8_t *)(xd + blocks);
-    for (int64_t i0 = 0; i0 < M; i0 += ROWS) {
-        const int64_t mb = min_i64(ROWS, M - i0);
-        for (int64_t b = 0; b < job.steps; ++b)
-            for (int64_t i = 0; i < mb; ++i) {
-                const int64_t at = i0 * job.steps + b * mb + i;
-                quantize_block(X + (i0 + i) * K + b * DECODE_BLOCK, Xq + at * Q8_BYTES);
-                xd[at] = decode_half(Xq + at * Q8_BYTES);
-            }
-    }
-    job.Xq = Xq;
-    job.xd = xd;
+    if (posix_memalign(&memory, 64, (size_t)(M * job.groups) * sizeof(struct x_group))) return DECODE_ERR_MEMORY;
+    quantize_activations(X, M, K, quantizer_for(resolved), memory);
+    job.x = memory;
     if (threads <= 0) {
         const long online = sysconf(_SC_NPROCESSORS_ONLN);
         threads = online > 0 ? online : 1;
     }
     const double by_work = (double)M * (double)N * (double)K / MIN_FMAS_PER_THREAD;
     if (by_work < (double)threads) threads = by_work < 1 ? 1 : (int64_t)by_work;
-    job.parts = min_i64(min_i64(threads, N), 1024);
+    job.parts = min_i64(min_i64(threads, job.blocks), 1024);
     pool_run(job.parts, int8_task, &job);
     free(memory);
     return DECODE_OK;

@@ -350,16 +350,22 @@ def _check_int8(y, x, w, label):
 
 
 @needs_c
-def test_the_c_activation_quantizer_gives_ggufs_q8_0_bytes():
+@pytest.mark.parametrize("variant", _int8_variants())
+def test_the_c_activation_quantizer_gives_ggufs_q8_0_bytes(variant):
     ffi, lib = decode_backend._library()
     rng = np.random.default_rng(5)
     x = (rng.standard_normal(32 * 64) * 10.0 ** rng.integers(-8, 4, size=32 * 64).repeat(1)).astype(np.float32)
     x[:32] = 0
     x[32:64] = 1e-6 * rng.standard_normal(32)  # a scale in float16's subnormals
     x[64:96] = np.linspace(-1, 1, 32)  # halves to round away from zero
+    x[96:128] = np.arange(-16, 16) * np.float32(0.5) + np.float32(0.25)  # more halves, both signs
     out = np.empty(64 * 34, np.uint8)
-    lib.matmul_quantize_q8_0(ffi.from_buffer("float[]", x), x.size, ffi.from_buffer("uint8_t[]", out))
-    np.testing.assert_array_equal(out, quant.quantize(x[None, :], "q8_0").data)
+    number = decode_backend.DECODE_VARIANTS[variant]
+    assert (
+        lib.matmul_quantize_q8_0(ffi.from_buffer("float[]", x), x.size, ffi.from_buffer("uint8_t[]", out), number) == 0
+    )
+    np.testing.assert_array_equal(out, quant.quantize(x[None, :], "q8_0").data, err_msg=variant)
+    assert lib.matmul_quantize_q8_0(ffi.from_buffer("float[]", x), 48, ffi.from_buffer("uint8_t[]", out), number) == 4
 
 
 @needs_c
@@ -398,3 +404,91 @@ def test_c_decode_int8_refuses_bf16_and_its_rounding_is_real():
     int8_error = np.abs(_run_int8(x, w) - exact).max()
     float_error = np.abs(_run("c.decode", x, w) - exact).max()
     assert int8_error > 10 * float_error
+
+
+def _int8_layout(w: quant.QuantizedWeights) -> np.ndarray:
+    """matmul_decode_int8_pack's layout as c/decode_int8.c's header describes it, in NumPy: rows
+    in tiles of 4 and blocks of 8 tiles; K in groups of 16 blocks, slices of 2 groups; a
+    block's weights 4s..4s+3 in slot s at lane l (q4_0: slots 4..7 in the high nibbles), then
+    each row's 16 float16 scales; the bytes in the order block, slice, tile, group, row."""
+    tile, group, block_tiles, slice_groups = 4, 16, 8, 2
+    n, k = w.n, w.k
+    blocks, groups = k // 32, -(-(k // 32) // 16)
+    q4 = w.format == "q4_0"
+    raw = w.data.reshape(n, blocks, 18 if q4 else 34)
+    scales = np.zeros((n, groups * group, 2), np.uint8)
+    scales[:, :blocks] = raw[:, :, :2]
+    weights = np.full((n, groups * group, 32), 8 if q4 else 0, np.uint8)  # unsigned nibble, or the byte
+    weights[:, :blocks] = np.concatenate([raw[:, :, 2:] & 15, raw[:, :, 2:] >> 4], axis=-1) if q4 else raw[:, :, 2:]
+    weight_bytes = 256 if q4 else 512
+    row_group = weight_bytes + 32
+    out = np.zeros(n * groups * row_group, np.uint8)
+    for j in range(n):
+        t, r = divmod(j, tile)
+        rows_in = min(tile, n - t * tile)
+        b = t // block_tiles
+        rows_in_block = min(block_tiles * tile, n - b * block_tiles * tile)
+        for g in range(groups):
+            g0 = g // slice_groups * slice_groups
+            in_slice = min(slice_groups, groups - g0)
+            at = row_group * (
+                b * block_tiles * tile * groups
+                + rows_in_block * g0
+                + (t - b * block_tiles) * tile * in_slice
+                + (g - g0) * rows_in
+            )
+            slots = weights[j, g * group : (g + 1) * group].reshape(group, 8, 4).transpose(1, 0, 2).reshape(8, 64)
+            row_bytes = (slots[:4] | slots[4:] << 4) if q4 else slots
+            out[at + r * weight_bytes : at + (r + 1) * weight_bytes] = row_bytes.ravel()
+            scale_at = at + rows_in * weight_bytes + r * 32
+            out[scale_at : scale_at + 32] = scales[j, g * group : (g + 1) * group].ravel()
+    return out
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_c_decode_int8_packs_w_as_its_header_says(fmt):
+    # 37 rows: a full block of 8 tiles, then a block of one tile and a tile of one row; 35
+    # blocks along K: 3 groups, slices of 2 and 1, the last group padded
+    for n, k in ((37, 35 * 32), (1, 32), (4, 16 * 32)):
+        w = quant.quantize(_weights(n, k, seed=n), fmt)
+        np.testing.assert_array_equal(decode_backend.pack_int8_weights(w), _int8_layout(w), err_msg=f"{fmt} {n}x{k}")
+
+
+@needs_c
+def test_c_decode_int8_pack_refuses_bad_shapes_by_code():
+    ffi, lib = decode_backend._library()
+    assert lib.matmul_decode_int8_packed_bytes(4, 48, 2) == -4  # K not a multiple of 32
+    assert lib.matmul_decode_int8_packed_bytes(4, 64, 30) == -3  # bf16: not a format it takes
+    assert lib.matmul_decode_int8_packed_bytes(-1, 64, 2) == -2
+    out = np.empty(16, np.uint8)
+    assert (
+        lib.matmul_decode_int8_pack(ffi.from_buffer("uint8_t[]", out), 4, 48, 2, ffi.from_buffer("uint8_t[]", out)) == 4
+    )
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("variant", _int8_variants())
+def test_c_decode_int8_gives_each_row_of_x_the_same_bits_whatever_m(variant, fmt):
+    w = quant.quantize(_weights(45, 4128, seed=3), fmt)
+    x = _activations(17, 4128, seed=4)
+    batch = _run_int8(x, w, variant=variant, threads=2)
+    for m in (1, 5, 16):
+        np.testing.assert_array_equal(_run_int8(x[:m], w, variant=variant, threads=1), batch[:m], err_msg=f"M = {m}")
+    np.testing.assert_array_equal(_run_int8(x[9:10], w, variant=variant), batch[9:10])
+
+
+@needs_c
+def test_c_decode_int8_refuses_activations_it_cannot_round():
+    w = quant.quantize(_weights(4, 64), "q4_0")
+    for bad in (np.nan, np.inf):
+        x = _activations(3, 64)
+        x[2, 40] = bad
+        with pytest.raises(
+            MatmulInputError, match=r"holds no infinity or NaN: X has 1 such values, the first at \[2, 40\]"
+        ):
+            INT8.backend.prepare(INT8, x, w, INT8.options)
+    # the weight-only kernel carries them through, as float arithmetic does
+    x[2, 40] = np.nan
+    assert np.isnan(_run("c.decode", x, w)[2]).all() and np.isfinite(_run("c.decode", x, w)[:2]).all()

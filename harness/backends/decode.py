@@ -50,6 +50,12 @@ def decode_inputs(impl: Implementation, a, b) -> tuple[np.ndarray, QuantizedWeig
         raise MatmulInputError(f"{impl.name} expects a 2-D X [M, K], got a {a.ndim}-D array of shape {a.shape}")
     if a.dtype != np.float32:
         raise MatmulInputError(f"{impl.name} takes float32 activations X, got {a.dtype}")
+    if impl.activation_rounding and not np.isfinite(a).all():
+        row, col = np.argwhere(~np.isfinite(a))[0]
+        raise MatmulInputError(
+            f"{impl.name} rounds X to {impl.activation_rounding}, which holds no infinity or NaN: "
+            f"X has {int((~np.isfinite(a)).sum())} such values, the first at [{row}, {col}]"
+        )
     if a.shape[1] != b.k:
         raise MatmulInputError(
             f"X is {a.shape} and W is {b.shape} (N, K): X's columns ({a.shape[1]}) must equal W's K ({b.k})"
@@ -131,14 +137,14 @@ def check_decode_status(name: str, code: int) -> None:
 class _CPrepared:
     mode = "native"
 
-    def __init__(self, name, function, ffi, x, w, threads, variant):
+    def __init__(self, name, function, ffi, x, w, weight_bytes, threads, variant):
         self.name = name
-        self.x, self.w = x, w  # kept alive while C holds pointers into them
+        self.x, self.w, self.weight_bytes = x, w, weight_bytes  # kept alive while C holds pointers into them
         self.y = np.empty((x.shape[0], w.n), np.float32)
         self.function = function
         self.args = (
             ffi.from_buffer("float[]", x),
-            ffi.from_buffer("uint8_t[]", w.data),
+            ffi.from_buffer("uint8_t[]", weight_bytes),
             ffi.from_buffer("float[]", self.y),
             x.shape[0],
             w.n,
@@ -155,14 +161,37 @@ class _CPrepared:
         return self.y.copy()
 
 
+def pack_int8_weights(w: QuantizedWeights) -> np.ndarray:
+    """W's bytes in the layout c/decode_int8.c's kernels read (matmul_decode_int8_pack: tiles of
+    4 rows, chunks of 4 blocks; the same bytes, moved), a new array."""
+    ffi, lib = _library()
+    ggml_type = FORMATS[w.format].ggml_type
+    size = lib.matmul_decode_int8_packed_bytes(w.n, w.k, ggml_type)
+    if size < 0:
+        check_decode_status("c.decode_int8", -size)
+    packed = np.empty(size, np.uint8)
+    check_decode_status(
+        "c.decode_int8",
+        lib.matmul_decode_int8_pack(
+            ffi.from_buffer("uint8_t[]", w.data), w.n, w.k, ggml_type, ffi.from_buffer("uint8_t[]", packed)
+        ),
+    )
+    return packed
+
+
 class CDecodeBackend:
     """``<prefix>_f32(X, W, Y, M, N, K, format, threads, variant)``: c/decode.c's matmul_decode_f32,
-    or c/decode_int8.c's matmul_decode_int8_f32 (prefix="matmul_decode_int8")."""
+    or c/decode_int8.c's matmul_decode_int8_f32 (prefix="matmul_decode_int8"), which takes W
+    repacked by matmul_decode_int8_pack: done here in prepare(), outside the timed product, as
+    ggml repacks its weights on load."""
 
     def __init__(self, prefix: str = "matmul_decode"):
         self.prefix = prefix
+        self.repacks = prefix == "matmul_decode_int8"
         # the library functions it calls, all defined in its source
         self.functions = (f"{prefix}_f32", f"{prefix}_variant_supported", f"{prefix}_resolve_variant")
+        if self.repacks:
+            self.functions += (f"{prefix}_packed_bytes", f"{prefix}_pack")
 
     def unavailable_reason(self, impl):
         _library()
@@ -175,7 +204,8 @@ class CDecodeBackend:
         decode_variant(variant, self.prefix)  # an unknown or unsupported variant fails here, before any C runs
         ffi, lib = _library()
         function = getattr(lib, f"{self.prefix}_f32")
-        return _CPrepared(impl.name, function, ffi, x, w, threads, DECODE_VARIANTS[variant])
+        weight_bytes = pack_int8_weights(w) if self.repacks else w.data
+        return _CPrepared(impl.name, function, ffi, x, w, weight_bytes, threads, DECODE_VARIANTS[variant])
 
 
 # One NumPy block at a time: about 5-8 us per block of 32 weights whatever M (this project's
