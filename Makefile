@@ -7,7 +7,7 @@ GPU_OUT ?= gpu-out
 .PHONY: help test bench lint format gpu-check compare
 
 help:
-	@echo "make test       the test suite (about 16 minutes on 2 cores)"
+	@echo "make test       the test suite (about 18 minutes on 2 cores)"
 	@echo "make bench      the pytest-benchmark suite at its default shapes"
 	@echo "make compare    the main comparison table (128, 256 and 1024 cubed)"
 	@echo "make lint       ruff (lint and format check) and clang-format, as CI runs them"

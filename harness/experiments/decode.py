@@ -153,7 +153,7 @@ def figure(data: dict):
             [2 * m * n * k / data["peak_gflops"] / 1e6 for m in ms],
             linestyle="--",
             color="gray",
-            label=f"compute roof ({data['peak_gflops']:.0f} GFLOP/s)",
+            label=f"float32 FMA roof ({data['peak_gflops']:.0f} GFLOP/s; not the int8 kernels')",
         )
     right.set_xscale("log", base=2)
     batches = sorted({r["m"] for r in rows if r["sweep"] == "batch"})
