@@ -420,6 +420,48 @@ VNNI INLINE void tile_vnni(const int format, const int R, const int mb, const st
             for (int i = 0; i < mb; ++i) Y[i * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r * mb + i]);
 }
 
+/* 8 floats, already multiplied by 1 / d, rounded as quantize_block rounds them (roundf, half
+ * away from zero: the truncation, plus the sign where the rest is at least a half; both
+ * exact), as int32. */
+AVX2 INLINE __m256i round_to_ints(__m256 v) {
+    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 whole = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 rest = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, whole));
+    const __m256 away =
+        _mm256_and_ps(_mm256_cmp_ps(rest, _mm256_set1_ps(0.5f), _CMP_GE_OQ), _mm256_or_ps(sign, _mm256_set1_ps(1.0f)));
+    return _mm256_cvttps_epi32(_mm256_add_ps(whole, away));
+}
+
+/* quantize_block, the same bytes, in 256-bit registers (a block with an infinity or a NaN, or
+ * a scale too small to invert, goes to quantize_block itself). */
+AVX2 static void quantize_block_avx2(const float *x, uint8_t *out) {
+    __m256 v[4], amax = _mm256_setzero_ps(), unordered = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v[i]));
+        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, amax);
+    float biggest = 0;
+    for (int l = 0; l < 8; ++l) biggest = fmaxf(biggest, lanes[l]);
+    const float d = biggest / 127.0f, inverse = d != 0 ? 1.0f / d : 0.0f;
+    if (_mm256_movemask_ps(unordered) || !(biggest <= FLT_MAX) || !(inverse <= FLT_MAX)) {
+        quantize_block(x, out);
+        return;
+    }
+    const uint16_t h = half_of(d);
+    out[0] = (uint8_t)(h & 0xff);
+    out[1] = (uint8_t)(h >> 8);
+    const __m256 scale = _mm256_set1_ps(inverse);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = round_to_ints(_mm256_mul_ps(v[i], scale));
+    /* to bytes: the packs work within 128-bit lanes, the permute puts the 32 back in order */
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)(out + 2),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
 /* 16 floats, already multiplied by 1 / d, to int8 as quantize_block rounds them: roundf,
  * half away from zero (the truncation, plus the sign where the rest is at least a half; both
  * exact). */
@@ -566,13 +608,14 @@ MATMUL_API int64_t matmul_decode_int8_resolve_variant(int64_t variant) {
 static quantize_fn quantizer_for(int64_t resolved) {
 #if DECODE_HAVE_X86
     if (resolved == DECODE_AVX512) return quantize_block_avx512;
+    if (resolved == DECODE_AVX2) return quantize_block_avx2;
 #endif
     (void)resolved;
     return quantize_block;
 }
 
-/* x [n] to q8_0 blocks (n a multiple of 32) with the quantizer `variant` uses (AVX-512 has
- * its own): what tests/test_decode.py checks against gguf. Returns decode.h's codes. */
+/* x [n] to q8_0 blocks (n a multiple of 32) with the quantizer `variant` uses (AVX2 and
+ * AVX-512 have their own): what tests/test_decode.py checks against gguf. Returns decode.h's codes. */
 MATMUL_API int matmul_quantize_q8_0(const float *x, int64_t n, uint8_t *out, int64_t variant) {
     if (n < 0) return DECODE_ERR_ARGUMENT;
     if (n % DECODE_BLOCK) return DECODE_ERR_BLOCK;
