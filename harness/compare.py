@@ -22,14 +22,7 @@ from .core import InputGuard, Matmul, MatmulInputError, check_problem, tried_to_
 from .inputs import Shape, dtype_name, make_inputs, parse_shape
 from .registry import REGISTRY, describe, implementations
 from .results import Results, Row, fill_speedups
-from .timing import time_cpu
-
-# Before timing a row on more than one thread: a pause, so that the previous row's library
-# threads (OpenBLAS's and OpenMP's spin for a while after each call) no longer hold a core on
-# a machine with as many cores as threads. Without it c.packed's float32 GEMV at 1x8192x28672
-# on 2 threads of a 2-core machine, timed after torch's int4 kernel, took 51-58 ms with a
-# spread of 60% (21 ms on its own). blas-grid does the same (SETTLE_SECONDS there).
-SETTLE_SECONDS = 0.15
+from .timing import SETTLE_SECONDS, time_cpu
 
 __all__ = ["Results", "Row", "compare", "blas_limits", "reference_for"]
 
@@ -349,6 +342,8 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
             # GPU adapters time themselves (CUDA events, L2 flushed); the rest use perf_counter.
             own_timer = getattr(prepared, "time", None)
             if not own_timer and (row.threads or 1) > 1:
+                # without the pause, c.packed's 2-thread GEMV at 1x8192x28672, timed after
+                # torch's int4 kernel, took 51-58 ms with a spread of 60% (21 ms on its own)
                 time.sleep(SETTLE_SECONDS)
             timing = own_timer(min_time) if own_timer else time_cpu(prepared.run, min_time=min_time)
             written = problem.written()  # a write while timed changes what the next row multiplies

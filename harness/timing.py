@@ -13,6 +13,12 @@ import statistics
 import time
 from dataclasses import dataclass
 
+# Before timing on more than one thread of a machine with as many cores as threads: a pause,
+# so that the previous library's idle workers no longer hold a core. OpenBLAS's spin for about
+# 2**28 cycles (0.1 s) after a call before they sleep, c.packed's for 5 ms (compare and
+# blas-grid wait this long).
+SETTLE_SECONDS = 0.15
+
 
 @dataclass(frozen=True)
 class Timing:

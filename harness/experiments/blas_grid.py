@@ -37,6 +37,7 @@ from ..compare import blas_limits
 from ..core import Matmul
 from ..inputs import Shape, make_inputs, parse_shape
 from ..registry import lookup
+from ..timing import SETTLE_SECONDS
 
 NAME = "blas-grid"
 TITLE = "c.packed against NumPy's BLAS, BLIS and torch on the whole shape grid, 1 and 2 threads"
@@ -89,12 +90,6 @@ def blis_kernel() -> str | None:
     from ..backends.peers import blis_description
 
     return blis_description()
-
-
-# OpenBLAS's idle workers spin for about 2**28 cycles (0.1 s) after a call before they sleep,
-# c.packed's for 5 ms: with more than one thread, each sample first waits this long, so that
-# the previous library's spinning threads do not take a core from the one being timed.
-SETTLE_SECONDS = 0.15
 
 
 def _sample(call, sample_time: float, settle: float = 0.0) -> float:
