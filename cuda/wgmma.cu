@@ -96,6 +96,24 @@ __device__ __forceinline__ void wgmma(float (&d)[128], unsigned long long a, uns
     ptx::wgmma_m64n256k16_f16(d, a, b, 1);
 }
 
+// Where consumer `consumer` reads stage s, and the shared-memory descriptors of its k step kk
+// (tests/test_cute_oracle.py checks these four against CuTe's). A: K-major, rows of 128 B,
+// 8-row groups 1024 B apart; k step kk = 32 bytes along the (swizzled) row. B: MN-major, k step
+// kk = 16 rows of 128 B; 64-column boxes 8 KiB apart (LBO), 8-row groups 1024 B apart (SBO).
+__device__ __forceinline__ ptx::smem_t a_stage_of(ptx::smem_t smem, int s, int consumer)
+{
+    return smem + s * STAGE_BYTES + consumer * 64 * 128;
+}
+__device__ __forceinline__ ptx::smem_t b_stage_of(ptx::smem_t smem, int s) { return smem + s * STAGE_BYTES + A_STAGE_BYTES; }
+__device__ __forceinline__ unsigned long long a_descriptor(ptx::smem_t a_stage, int kk)
+{
+    return ptx::wgmma_descriptor(a_stage + kk * 32, 16, 1024, ptx::kSwizzle128B);
+}
+__device__ __forceinline__ unsigned long long b_descriptor(ptx::smem_t b_stage, int kk)
+{
+    return ptx::wgmma_descriptor(b_stage + kk * 16 * 128, B_BOX_BYTES, 1024, ptx::kSwizzle128B);
+}
+
 // The tile's origin (row0, col0) of the i-th tile in grouped order.
 __device__ __forceinline__ void tile_origin(int i, int tiles_m, int tiles_n, int& row0, int& col0)
 {
@@ -168,17 +186,10 @@ __device__ __forceinline__ void wgmma_gemm(const ptx::TensorMap* a_map, const pt
         int previous = -1;  // the stage whose wgmmas may still be reading it
         for (int t = 0; t < k_tiles; ++t) {
             ptx::mbarrier_wait_parity(full + 8 * s, phase);
-            const ptx::smem_t a_stage = smem + s * STAGE_BYTES + consumer * 64 * 128, b_stage = smem + s * STAGE_BYTES + A_STAGE_BYTES;
+            const ptx::smem_t a_stage = a_stage_of(smem, s, consumer), b_stage = b_stage_of(smem, s);
             ptx::wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_K / 16; ++kk) {
-                // A: K-major, rows of 128 B, 8-row groups 1024 B apart; k step kk = 32 bytes along
-                // the (swizzled) row. B: MN-major, k step kk = 16 rows of 128 B; 64-column boxes
-                // 8 KiB apart (LBO), 8-row groups 1024 B apart (SBO).
-                const unsigned long long a_desc = ptx::wgmma_descriptor(a_stage + kk * 32, 16, 1024, ptx::kSwizzle128B);
-                const unsigned long long b_desc = ptx::wgmma_descriptor(b_stage + kk * 16 * 128, B_BOX_BYTES, 1024, ptx::kSwizzle128B);
-                wgmma(acc, a_desc, b_desc, C);
-            }
+            for (int kk = 0; kk < BLOCK_K / 16; ++kk) wgmma(acc, a_descriptor(a_stage, kk), b_descriptor(b_stage, kk), C);
             ptx::wgmma_commit_group();
             ptx::wgmma_wait_group<1>();  // the previous tile's wgmmas are done: release its stage
             if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(empty + 8 * previous);

@@ -118,17 +118,42 @@ def stand_in(name: str) -> None:
         raise RuntimeError(f"CUDA error: an illegal memory access was encountered ({name}, a stand-in)")
 
 
+PARENT_ENV = "GPU_STEPS_PARENT"
+
+
 def run_child(command: list[str], timeout: float, log: Path) -> tuple[str, int | None]:
     """Run ``command`` in its own process group, output appended to ``log``; ("done", code), or
-    ("timeout", None) after killing the whole group (a child's own children included)."""
+    ("timeout", None) after killing the whole group (a child's own children included). The
+    child dies with this process too (die_with_parent): its own group is out of reach of a kill
+    aimed at ours."""
     with log.open("a") as out:
-        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        child = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+            env={**os.environ, PARENT_ENV: str(os.getpid())},
+        )
         try:
             return "done", child.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
             return "timeout", None
+
+
+def die_with_parent() -> None:
+    """Called first by every child step (run_child): when the step that started it is killed (the
+    GPU script's timeout kills the step's process group, which the child left), the kernel would
+    otherwise go on holding the GPU through the next steps. Linux: the kernel sends SIGKILL."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.environ.get(PARENT_ENV) not in (None, str(os.getppid())):
+        os._exit(1)  # the parent died before the line above took effect
 
 
 def last_lines(path: Path, count: int = 3) -> str:
@@ -555,6 +580,8 @@ def run_tests(out: Path, tests: list[str], first: list[str], budget: float, test
 
 # ---- the command line ------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
+    if argv and argv[0].startswith("_"):  # a child step
+        die_with_parent()
     if argv and argv[0] == "_smoke_one":
         try:
             return smoke_one(argv[1], argv[2], argv[3], Path(argv[4]), float(argv[5]) if len(argv) > 5 else None)

@@ -1,8 +1,11 @@
 """Mutation testing of the CUDA and Triton kernels: does a realistic bug fail a test?
 
 Each mutant below is one edit a kernel author could make (a removed barrier, an off-by-one edge
-guard, a wait count off by one...): the file, the exact text it replaces (every occurrence),
-the replacement, its class, and the tests that should catch it.
+guard, a wait count off by one...): the file, the code it replaces, the replacement, its class,
+and the tests that should catch it. The code is found by its tokens, comments and layout
+ignored (tests/code_edits.py): rewording a comment or reformatting a kernel leaves every mutant
+applying, and a mutant whose code is gone, or now occurs a different number of times than its
+``count``, stops the run instead of testing nothing.
 
     python scripts/mutants.py [--fast] [--only NAME[,NAME...]] [--list] [--timeout S] [--no-baseline]
 
@@ -37,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from code_edits import find_code, language_of, replace_code  # noqa: E402  (the tests' own helper)
 
 CLASSES = ("correctness", "race", "hang", "performance")
 
@@ -45,12 +50,19 @@ CLASSES = ("correctness", "race", "hang", "performance")
 class Mutant:
     name: str
     file: str
-    old: str  # replaced wherever it occurs (it must occur)
-    new: str
+    old: str  # code, matched by its tokens wherever it occurs
+    new: str  # inserted as written
     kind: str  # one of CLASSES
     tests: tuple  # pytest arguments: files, node ids, -k expressions; () where none can see it
     fast: bool = False  # in the subset CI runs (tests/test_mutants.py)
     why: str = ""  # for a performance mutant no test can see: what it costs
+    count: int = 1  # how many places ``old`` matches
+
+    def occurrences(self, root: Path) -> int:
+        return len(find_code((root / self.file).read_text(), self.old, language_of(self.file)))
+
+    def applied_to(self, text: str) -> str:
+        return replace_code(text, self.old, self.new, language=language_of(self.file), count=self.count)
 
 
 EMULATED = "tests/test_cuda_emulated.py::test_emulated_matches_reference"
@@ -61,13 +73,11 @@ SASS = "tests/test_sass.py"
 WRAPPERS = "tests/test_ptx_wrappers.py"
 TRITON = "tests/test_triton.py"
 SHARED = "tests/test_cuda_compile.py::test_static_shared_memory_is_what_each_header_states"
-MMA_BARRIER = "        __syncthreads();  // everyone's have; and everyone is done reading tile t - 1's stage\n"
-MMA_PREFETCH = (
-    "        if (t + STAGES - 1 < k_tiles) load_tile(t + STAGES - 1, (t + STAGES - 1) % STAGES);"
-    "  // into t - 1's stage\n"
-)
-WG_WAIT = "ptx::wgmma_wait_group<1>();  // the previous tile's wgmmas are done: release its stage\n"
-WG_RELEASE = "            if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(empty + 8 * previous);\n"
+MMA_BARRIER = "__syncthreads();\n"
+MMA_PREFETCH = "if (t + STAGES - 1 < k_tiles) load_tile(t + STAGES - 1, (t + STAGES - 1) % STAGES);\n"
+WG_WAIT = "ptx::wgmma_wait_group<1>();\n"
+WG_RELEASE = "if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(empty + 8 * previous);\n"
+TILED_DOT = "for (int k = 0; k < TILE; ++k) acc += As[ty][k] * Bs[k][tx];\n"
 
 MUTANTS = [
     # ---- cuda/naive.cu, cuda/tiled.cu ------------------------------------------------------------------
@@ -82,8 +92,8 @@ MUTANTS = [
     Mutant(
         "tiled-second-barrier-removed",
         "cuda/tiled.cu",
-        "        __syncthreads();  // everyone is done reading before the next phase overwrites it\n",
-        "",
+        TILED_DOT + "__syncthreads();",  # the second of the two: after the products
+        TILED_DOT,
         "race",
         (
             "tests/test_cuda_emulated.py",
@@ -112,8 +122,8 @@ MUTANTS = [
     Mutant(
         "register-tiled-barrier-removed",
         "cuda/register_tiled.cu",
-        "        __syncthreads();\n        buf ^= 1;",
-        "        buf ^= 1;",
+        "__syncthreads(); buf ^= 1;",
+        "buf ^= 1;",
         "race",
         (EMULATED, "-k", "cuda.register_tiled- and float32"),
     ),
@@ -147,24 +157,24 @@ MUTANTS = [
     Mutant(
         "wmma-epilogue-syncwarp-removed",
         "cuda/wmma.cu",
-        "__syncwarp();  // the tile is in place before the lanes read it",
-        "",
+        "wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_row_major); __syncwarp();",
+        "wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_row_major);",
         "race",
         (EMULATED, "-k", "cuda.wmma and bfloat16"),
     ),
     Mutant(
         "wmma-second-epilogue-syncwarp-removed",
         "cuda/wmma.cu",
-        "__syncwarp();  // every lane has read the tile before the next store overwrites it",
-        "",
+        "__syncwarp(); } }",  # the one that ends the epilogue's loop body
+        "} }",
         "race",
         (EMULATED, "-k", "cuda.wmma and bfloat16"),
     ),
     Mutant(
         "wmma-main-loop-barrier-removed",
         "cuda/wmma.cu",
-        "        __syncthreads();\n        buf ^= 1;",
-        "        buf ^= 1;",
+        "__syncthreads(); buf ^= 1;",
+        "buf ^= 1;",
         "race",
         (EMULATED, "-k", "cuda.wmma and float16"),
     ),
@@ -209,8 +219,8 @@ MUTANTS = [
     Mutant(
         "mma-barrier-after-wait-group-removed",
         "cuda/mma.cu",
-        MMA_BARRIER,
-        "",
+        MMA_BARRIER + MMA_PREFETCH,
+        MMA_PREFETCH,
         "race",
         (SAN + "::test_mma_is_clean_under_thread_sanitizer",),
     ),
@@ -278,7 +288,7 @@ MUTANTS = [
         "wgmma-stage-released-before-wait-group",
         "cuda/wgmma.cu",
         WG_WAIT + WG_RELEASE,
-        WG_RELEASE.lstrip() + "            " + WG_WAIT,
+        WG_RELEASE + WG_WAIT,
         "race",
         (WG + "::test_pipeline_is_right_whenever_the_copies_land",),
         fast=True,
@@ -303,7 +313,7 @@ MUTANTS = [
     Mutant(
         "wgmma-fence-missing",
         "cuda/wgmma.cu",
-        "            ptx::wgmma_fence();\n",
+        "ptx::wgmma_fence();",
         "",
         "correctness",
         (WG + "::test_persistent_blocks_walk_many_tiles",),
@@ -364,6 +374,7 @@ MUTANTS = [
         "correctness",
         (WG + "::test_pipeline_is_right_whenever_the_copies_land",),
         fast=True,
+        count=2,
     ),
     Mutant(
         "wgmma-epilogue-column-guard-removed",
@@ -381,6 +392,7 @@ MUTANTS = [
         '"r"(b[1]), "r"(b[0]),',
         "correctness",
         (WRAPPERS,),
+        count=2,
     ),
     Mutant(
         "ptx-wgmma-b-transpose-cleared",
@@ -423,6 +435,7 @@ MUTANTS = [
         "< K, other=0.0)",
         "correctness",
         (TRITON + "::test_matmul_shapes_and_dtypes",),
+        count=2,
     ),
     Mutant(
         "triton-k-tail-without-other",
@@ -556,10 +569,16 @@ def apply(copy: Path, mutant: Mutant) -> str:
     """Applies ``mutant`` in the copy; returns the file's original text."""
     path = copy / mutant.file
     original = path.read_text()
-    if mutant.old not in original:
-        raise LookupError(f"{mutant.name}: {mutant.file} no longer contains {mutant.old!r}")
-    path.write_text(original.replace(mutant.old, mutant.new))
+    path.write_text(mutant.applied_to(original))
     return original
+
+
+def stale(mutant: Mutant, root: Path) -> str | None:
+    """Why ``mutant`` no longer applies to the sources under ``root``, or None."""
+    found = mutant.occurrences(root)
+    if found == mutant.count:
+        return None
+    return f"{mutant.name}: {mutant.file} has {found} place(s) with the code {mutant.old!r}, the mutant says {mutant.count}"
 
 
 def table(rows: list[tuple[Mutant, Outcome]]) -> str:
@@ -621,8 +640,8 @@ def main(argv: list[str] | None = None) -> int:
         copy = Path(temporary) / "repository"
         make_copy(copy, args.cache.resolve())
         for m in chosen:  # every mutant still applies before anything runs
-            if m.old not in (copy / m.file).read_text():
-                print(f"{m.name}: {m.file} no longer contains {m.old!r}: update scripts/mutants.py", file=sys.stderr)
+            if reason := stale(m, copy):
+                print(f"{reason}: update scripts/mutants.py", file=sys.stderr)
                 return 2
         if not args.no_baseline:
             selections = sorted({m.tests for m in chosen if m.tests})

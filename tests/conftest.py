@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
+from leftovers import RUN_MARK, left_running
 
 DEFAULT_BENCH_SHAPES = "128 512 1024 1x4096x4096"
 DEFAULT_BENCH_DTYPES = "float32"
@@ -43,8 +45,21 @@ def pytest_addoption(parser):
     )
 
 
+# ---- no process outlives its test (tests/leftovers.py) ------------------------------------------
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test():
+    yield
+    left = left_running(kill=True)
+    if left:
+        listing = "; ".join(f"{pid}: {command[:160]}" for pid, command in left.items())
+        pytest.fail(f"the test left {len(left)} process(es) running (now killed): {listing}", pytrace=False)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    # A mark of this pytest process's own (a pytest run inside a test, or an xdist worker, gets
+    # a new one): its tests' processes, and only theirs, are checked after each test.
+    os.environ[RUN_MARK] = uuid.uuid4().hex
     # Plain `pytest` runs each benchmark once, as a check that it works; only
     # `pytest --benchmark-only` (or --benchmark-enable) times them.
     if hasattr(config.option, "benchmark_disable") and not (

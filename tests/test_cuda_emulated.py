@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from code_edits import replace_code
 
 import harness
 from harness.backends.cuda import emulation, loaders, plans
@@ -113,14 +114,9 @@ def test_unavailable_without_gpu_or_emulation(monkeypatch):
 def test_missing_barrier_gives_wrong_results():
     """Fibers run each thread until it parks, so without the second __syncthreads the first thread
     of a block overwrites the shared tile before the others have read it: deterministically wrong."""
-    source = (source_path("cuda/tiled.cu")).read_text()
-    parts = source.split("__syncthreads();")
-    assert len(parts) == 3, "tiled.cu should have exactly two barriers"
-    library = emulation.EmulatedLibrary(
-        emulation.build_emulation(
-            "cuda/tiled.cu", source_text=parts[0] + "__syncthreads();" + parts[1] + parts[2], tag="nosync2"
-        )
-    )
+    dot = "for (int k = 0; k < TILE; ++k) acc += As[ty][k] * Bs[k][tx];"
+    source = replace_code(source_path("cuda/tiled.cu").read_text(), dot + " __syncthreads();", dot)
+    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/tiled.cu", source_text=source, tag="nosync2"))
     shape = Shape(32, 32, 48)
     a, b = harness.make_inputs(shape, "float32", seed=5)
     c = np.zeros((32, 32), dtype=np.float32)
@@ -156,21 +152,18 @@ def _emulated_variant(relative: str, technique: str, dtype: str, shape: Shape, t
     return harness.check(buffers["C"].reshape(shape.m, shape.n), a, b).passed
 
 
-def _without(relative: str, what: str) -> str:
-    text = source_path(relative).read_text()
-    assert what in text, f"{relative} no longer contains {what!r}"
-    return text.replace(what, "")
+STORE_TILE = "wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_row_major);"
 
 
 @pytest.mark.parametrize(
-    "barrier",
+    "barrier, without",
     [
-        "__syncwarp();  // the tile is in place before the lanes read it",
-        "__syncwarp();  // every lane has read the tile before the next store overwrites it",
+        (STORE_TILE + " __syncwarp();", STORE_TILE),  # the tile is in place before the lanes read it
+        ("__syncwarp(); } }", "} }"),  # every lane has read it before the next store overwrites it
     ],
     ids=["before-reading", "before-overwriting"],
 )
-def test_wmma_epilogue_without_its_syncwarp_is_wrong(barrier):
+def test_wmma_epilogue_without_its_syncwarp_is_wrong(request, barrier, without):
     """store_matrix_sync writes each lane's share and synchronizes nothing, as on the GPU."""
     text = source_path("cuda/wmma.cu").read_text()
     assert _emulated_variant("cuda/wmma.cu", "wmma", "bfloat16", Shape(40, 48, 32), text, "")
@@ -179,21 +172,20 @@ def test_wmma_epilogue_without_its_syncwarp_is_wrong(barrier):
         "wmma",
         "bfloat16",
         Shape(40, 48, 32),
-        _without("cuda/wmma.cu", barrier),
-        "no-syncwarp-" + barrier[16:24].strip().replace(" ", "-"),
+        replace_code(text, barrier, without),
+        "no-syncwarp-" + request.node.callspec.id.split("-", 1)[-1],
     )
 
 
 def test_shuffle_mask_that_leaves_lanes_out_is_an_error():
     full = "__shfl_xor_sync(0xffffffffu, acc, offset)"
     text = source_path("cuda/gemv.cu").read_text()
-    assert full in text
     with pytest.raises(RuntimeError, match="lane 16 calls it with mask 0x0000ffff"):
         _emulated_variant(
             "cuda/gemv.cu",
             "gemv",
             "bfloat16",
             Shape(1, 9, 64),
-            text.replace(full, full.replace("0xffffffffu", "0x0000ffffu")),
+            replace_code(text, full, full.replace("0xffffffffu", "0x0000ffffu")),
             "half-mask",
         )

@@ -22,6 +22,7 @@ import re
 import subprocess
 
 import pytest
+from code_edits import replace_code
 
 from harness.backends.cuda import emulation, plans
 from harness.sources import source_path
@@ -68,8 +69,7 @@ def _run(sanitize: str, text: str, tag: str) -> subprocess.CompletedProcess:
 
 
 def _mutated(text: str, old: str, new: str) -> str:
-    assert old in text, f"the source no longer contains {old!r}"
-    return text.replace(old, new)
+    return replace_code(text, old, new)  # found by its code: comments and layout do not matter
 
 
 def _clean(done: subprocess.CompletedProcess, sanitizer: str) -> None:
@@ -81,10 +81,12 @@ def _races(done: subprocess.CompletedProcess) -> bool:
     return "WARNING: ThreadSanitizer: data race" in done.stderr
 
 
+TILED_DOT = "for (int k = 0; k < TILE; ++k) acc += As[ty][k] * Bs[k][tx];"
+
+
 def _without_second_barrier(text: str) -> str:
-    parts = text.split("__syncthreads();")
-    assert len(parts) == 3, "tiled.cu should have exactly two barriers"
-    return parts[0] + "__syncthreads();" + parts[1] + parts[2]
+    """tiled.cu without the barrier after the products (the one before the next phase's loads)."""
+    return _mutated(text, TILED_DOT + " __syncthreads();", TILED_DOT)
 
 
 def test_tiled_is_clean_under_thread_sanitizer():
@@ -105,10 +107,7 @@ def test_tiled_is_clean_under_address_sanitizer():
 
 
 def test_removed_edge_check_is_an_out_of_bounds_read():
-    text = _tiled_source()
-    guard = "(row < M && ak < K)"
-    assert guard in text
-    done = _run("address", text.replace(guard, "(row < M)"), "nobounds")
+    done = _run("address", _mutated(_tiled_source(), "(row < M && ak < K)", "(row < M)"), "nobounds")
     assert "ERROR: AddressSanitizer: heap-buffer-overflow" in done.stderr, done.stdout + done.stderr[-4000:]
 
 
@@ -194,8 +193,7 @@ def _run_mma(
 
 
 def _mma_without(text: str, what: str) -> str:
-    assert text.count(what) == 1, f"mma.cu should have exactly one {what!r}"
-    return text.replace(what, "// (removed) " + what)
+    return _mutated(text, what, "")
 
 
 @pytest.mark.parametrize("landing", ["wait", "issue"])
@@ -206,9 +204,8 @@ def test_mma_is_clean_under_thread_sanitizer(landing):
 def test_mma_prefetch_above_its_barrier_is_a_race():
     """The next tile's copies issued before the barrier that says every warp is done with the
     stage they refill: landing at issue, they overwrite it under the warps still reading it."""
-    load = "        if (t + STAGES - 1 < k_tiles) load_tile(t + STAGES - 1, (t + STAGES - 1) % STAGES);  // into t - 1's stage\n"
-    barrier = "        __syncthreads();  // everyone's have; and everyone is done reading tile t - 1's stage\n"
-    text = _mutated(_mma_source(), barrier + load, load + barrier)
+    load = "if (t + STAGES - 1 < k_tiles) load_tile(t + STAGES - 1, (t + STAGES - 1) % STAGES);"
+    text = _mutated(_mma_source(), MMA_BARRIER + load, load + MMA_BARRIER)
     assert _races(_run_mma("thread", text, "hoisted", landing="issue"))
 
 
@@ -289,9 +286,9 @@ def test_wgmma_is_clean_under_address_sanitizer():
 def test_wgmma_stage_released_before_its_wgmmas_completed_is_a_race():
     """A consumer that releases the previous stage before wgmma.wait_group says its wgmmas are
     done: the producer's refill (landing at issue) writes what those wgmmas still read."""
-    wait = "ptx::wgmma_wait_group<1>();  // the previous tile's wgmmas are done: release its stage\n"
-    release = "            if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(empty + 8 * previous);\n"
-    text = _mutated(_wgmma_source(), wait + release, release.lstrip() + "            " + wait)
+    wait = "ptx::wgmma_wait_group<1>();"
+    release = "if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(empty + 8 * previous);"
+    text = _mutated(_wgmma_source(), wait + release, release + wait)
     assert _races(_run_wgmma("thread", text, "early-release", landing="issue"))
 
 
@@ -310,9 +307,7 @@ def test_wgmma_without_the_full_barrier_wait_is_reported():
     land only when a thread tests that barrier, so they are never there (wrong results, or, once
     the ring wraps, the producer's next arrival on a phase still waiting for its bytes, an
     error); under ThreadSanitizer the producer's TMA writes and the consumers' wgmma reads race."""
-    text = _wgmma_source()
-    assert text.count(WGMMA_FULL_WAIT) == 1
-    text = text.replace(WGMMA_FULL_WAIT, "// (removed) " + WGMMA_FULL_WAIT)
+    text = _mutated(_wgmma_source(), WGMMA_FULL_WAIT, "")
     fibers = _run_wgmma(None, text, "nowait", variant="fibers")
     assert fibers.returncode in (1, 3), fibers.stdout + fibers.stderr[-4000:]  # wrong, or the launch failed
     # ThreadSanitizer reports the races of the schedule it ran; in a rare schedule the OS orders

@@ -18,7 +18,6 @@ LBO or SBO) is judged here too.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from functools import lru_cache
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from code_edits import replace_code
 
 from harness.backends.cuda import emulation, plans, toolkit
 from harness.sources import source_path
@@ -127,24 +127,20 @@ int main() {
 }
 """
 
-# The emulated probe: the kernel's own descriptor expressions (read from cuda/wgmma.cu), for stage
-# 0 and each consumer and k-step, and the address the emulation's wgmma reads each element from.
+# The emulated probe, appended to cuda/wgmma.cu itself: the kernel's own stage addresses and
+# descriptors (a_stage_of, b_stage_of, a_descriptor, b_descriptor), for stage 0 and each consumer
+# and k-step, and the address the emulation's wgmma reads each element from.
 PROBE = r"""
-#include <cuda_bf16.h>
-#include "ptx.h"
-%(defines)s
 extern "C" __global__ void descriptor_probe(long long* out)
 {
     const ptx::smem_t raw_smem = ptx::smem_address(ptx::dynamic_shared_memory());
     const ptx::smem_t smem = (raw_smem + 1023) & ~ptx::smem_t(1023);
-    const int s = 0;
     long long* o = out;
     for (int consumer = 0; consumer < CONSUMERS; ++consumer) {
-        %(stages)s;
+        const ptx::smem_t a_stage = a_stage_of(smem, 0, consumer), b_stage = b_stage_of(smem, 0);
         for (int kk = 0; kk < BLOCK_K / 16; ++kk) {
-            const unsigned long long a_desc = %(a_desc)s;
-            const unsigned long long b_desc = %(b_desc)s;
-            const ptx::hopper::Descriptor a = ptx::hopper::decode(a_desc), b = ptx::hopper::decode(b_desc);
+            const ptx::hopper::Descriptor a = ptx::hopper::decode(a_descriptor(a_stage, kk));
+            const ptx::hopper::Descriptor b = ptx::hopper::decode(b_descriptor(b_stage, kk));
             *o++ = a.lbo; *o++ = a.sbo; *o++ = a.mode; *o++ = (long long)(a.start - smem);
             for (int m = 0; m < 64; ++m)
                 for (int k = 0; k < 16; ++k) *o++ = (long long)(ptx::hopper::element_address(a, false, m, k) - smem);
@@ -156,6 +152,7 @@ extern "C" __global__ void descriptor_probe(long long* out)
     }
 }
 """
+
 
 # CuTe's layout_type for the 128-byte swizzle (cute::SM90::GMMA::LayoutType::B128) and the
 # descriptor's swizzle mode for it (PTX ISA: 1 = 128B).
@@ -194,21 +191,15 @@ def cute_tables() -> dict:
     return tables
 
 
-def _kernel_expressions() -> dict[str, str]:
-    """The defines, stage addresses and descriptor expressions of cuda/wgmma.cu, as written."""
-    text = source_path("cuda/wgmma.cu").read_text()
-    defines = "\n".join(re.findall(r"^#define \w+ [^\n]*", text, flags=re.M))
-    stages = re.search(r"const ptx::smem_t (a_stage = [^;]+)", text)
-    a_desc = re.search(r"a_desc = (ptx::wgmma_descriptor\([^;]+\));", text)
-    b_desc = re.search(r"b_desc = (ptx::wgmma_descriptor\([^;]+\));", text)
-    assert stages and a_desc and b_desc, "cuda/wgmma.cu no longer names a_stage, b_stage, a_desc and b_desc as expected"
-    return {"defines": defines, "stages": "const ptx::smem_t " + stages[1], "a_desc": a_desc[1], "b_desc": b_desc[1]}
+def _probe_source(kernel: str | None = None) -> str:
+    """cuda/wgmma.cu (or ``kernel``, a variant of it) with the probe kernel after it."""
+    return (kernel if kernel is not None else source_path("cuda/wgmma.cu").read_text()) + PROBE
 
 
 @lru_cache(maxsize=None)
 def emulated_tables() -> dict:
     library = emulation.EmulatedLibrary(
-        emulation.build_emulation("cuda/wgmma.cu", source_text=PROBE % _kernel_expressions(), tag="cute-oracle")
+        emulation.build_emulation("cuda/wgmma.cu", source_text=_probe_source(), tag="cute-oracle")
     )
     per_step = 4 + A_ROWS * 16 + 4 + B_COLS * 16
     out = np.zeros(CONSUMERS * KSTEPS * per_step, dtype=np.int64)
@@ -256,11 +247,10 @@ def test_b_descriptor_and_addresses_match_cute(kk):
 def test_cute_sees_a_wrong_stride_byte_offset():
     # The oracle can fail: the B descriptor with SBO 2048 (what a 16-row pattern would need)
     # disagrees with CuTe's, and so do the addresses the emulation derives from it.
-    expressions = _kernel_expressions()
-    wrong = {**expressions, "b_desc": expressions["b_desc"].replace(", 1024,", ", 2048,")}
-    assert wrong["b_desc"] != expressions["b_desc"]
+    right = "ptx::wgmma_descriptor(b_stage + kk * 16 * 128, B_BOX_BYTES, 1024, ptx::kSwizzle128B)"
+    wrong = replace_code(source_path("cuda/wgmma.cu").read_text(), right, right.replace("1024", "2048"))
     library = emulation.EmulatedLibrary(
-        emulation.build_emulation("cuda/wgmma.cu", source_text=PROBE % wrong, tag="cute-oracle-wrong")
+        emulation.build_emulation("cuda/wgmma.cu", source_text=_probe_source(wrong), tag="cute-oracle-wrong")
     )
     per_step = 4 + A_ROWS * 16 + 4 + B_COLS * 16
     out = np.zeros(CONSUMERS * KSTEPS * per_step, dtype=np.int64)

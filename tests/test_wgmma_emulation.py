@@ -18,6 +18,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from code_edits import replace_code
 
 import harness
 from harness.backends.cuda import emulation, plans
@@ -288,8 +289,7 @@ def _run_wgmma(text: str, tag: str, shape: Shape, dtype: str = "bfloat16"):
 def test_wrong_descriptor_gives_wrong_results(wrong, tag):
     text = source_path("cuda/wgmma.cu").read_text()
     right = A_DESCRIPTOR if wrong.startswith("ptx::wgmma_descriptor(a_stage") else B_DESCRIPTOR
-    assert text.count(right) == 1
-    assert not _run_wgmma(text.replace(right, wrong), f"wrong-{tag}", Shape(130, 300, 72)).passed
+    assert not _run_wgmma(replace_code(text, right, wrong), f"wrong-{tag}", Shape(130, 300, 72)).passed
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -344,17 +344,16 @@ def test_stage_released_before_wgmma_wait_group_computes_wrong_results(monkeypat
     the producer's refill lands while they still read it."""
     monkeypatch.setenv("MATMUL_EMU_ASYNC", landing)
     text = source_path("cuda/wgmma.cu").read_text()
-    old = "ptx::wgmma_wait_group<1>();"
-    assert old in text
-    assert not _run_wgmma(text.replace(old, "ptx::wgmma_wait_group<2>();"), "wait2", UNEVEN).passed
+    wait_two = replace_code(text, "ptx::wgmma_wait_group<1>();", "ptx::wgmma_wait_group<2>();")
+    assert not _run_wgmma(wait_two, "wait2", UNEVEN).passed
 
 
 def test_register_budget_beyond_the_register_file_is_reported():
     """setmaxnreg.inc 240 for the consumers: 128 x 40 + 256 x 240 > 64K registers."""
     text = source_path("cuda/wgmma.cu").read_text()
-    assert "ptx::setmaxnreg_inc<232>();" in text
+    text = replace_code(text, "ptx::setmaxnreg_inc<232>();", "ptx::setmaxnreg_inc<240>();")
     with pytest.raises(RuntimeError, match=r"deadlock.*setmaxnreg\.inc 240: needs 2304 more registers"):
-        _run_wgmma(text.replace("ptx::setmaxnreg_inc<232>();", "ptx::setmaxnreg_inc<240>();"), "inc240", UNEVEN)
+        _run_wgmma(text, "inc240", UNEVEN)
 
 
 # Probes of the checks on one warp group: `variant` chooses what it gets wrong.
