@@ -105,6 +105,19 @@ def test_the_peers_are_right_and_say_what_ran(name):
     assert description and ("kernels" in description if name == "blis.gemm" else "PyTorch" in description)
 
 
+def test_a_system_blis_without_kernels_for_this_cpu_says_it_runs_reference_code(monkeypatch):
+    # Debian's BLIS 0.9 on a Zen 5 picks its generic kernels: the row must not pass for a tuned BLIS.
+    monkeypatch.setattr(peers, "system_blis", lambda: (object(), "libblis.so.4"))
+    monkeypatch.setattr(peers, "_describe_library", lambda library: "BLIS 0.9.0, generic kernels")
+    peers.blis_description.cache_clear()
+    try:
+        description = peers.blis_description()
+    finally:
+        peers.blis_description.cache_clear()
+    assert description.startswith("system BLIS 0.9.0, generic kernels (libblis.so.4)")
+    assert "reference C" in description and "no kernel set for this CPU" in description
+
+
 def test_blis_names_its_library_and_kernel_set():
     description = peers.blis_description()
     if description is None:

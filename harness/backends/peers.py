@@ -71,20 +71,22 @@ def blis_description() -> str | None:
     (libblis.so.4)"; None where there is none."""
     library, where = system_blis()
     if library is not None:
-        return f"system {_describe_library(library)} ({where})"
-    try:
-        import blis
-        import blis.cy
-    except ImportError:
-        return None
-    text = (
-        f"the blis package {getattr(blis, '__version__', '')}".rstrip()
-        + ", "
-        + _describe_library(ctypes.CDLL(blis.cy.__file__))
-    )
-    if "generic kernels" in text:
-        text += ": BLIS's reference C, not what a BLIS built for this CPU runs"
-    return text
+        text = f"system {_describe_library(library)} ({where})"
+        # e.g. Debian's BLIS 0.9 on Zen 5: built before that CPU had a kernel set
+        generic = ": BLIS's reference C, this build of BLIS has no kernel set for this CPU"
+    else:
+        try:
+            import blis
+            import blis.cy
+        except ImportError:
+            return None
+        text = (
+            f"the blis package {getattr(blis, '__version__', '')}".rstrip()
+            + ", "
+            + _describe_library(ctypes.CDLL(blis.cy.__file__))
+        )
+        generic = ": BLIS's reference C, not what a BLIS built for this CPU runs"
+    return text + generic if "generic kernels" in text else text
 
 
 class _BlisPrepared:
