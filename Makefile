@@ -2,6 +2,8 @@
 # Run them inside the environment the README's quick start makes (. .venv/bin/activate).
 PYTHON ?= python
 C_SOURCES := $(wildcard c/*.c c/*.h)
+# cuda/ has a .clang-format of its own (`T* p` pointers, as the kernels write them)
+CUDA_SOURCES := $(wildcard cuda/*.cu cuda/*.h cuda/emu/*.h cuda/emu/include/*.h)
 GPU_OUT ?= gpu-out
 
 .PHONY: help test bench lint format gpu-check compare
@@ -26,12 +28,12 @@ compare:
 lint:
 	ruff check .
 	ruff format --check .
-	clang-format --dry-run --Werror $(C_SOURCES)
+	clang-format --dry-run --Werror $(C_SOURCES) $(CUDA_SOURCES)
 
 format:
 	ruff check --fix .
 	ruff format .
-	clang-format -i $(C_SOURCES)
+	clang-format -i $(C_SOURCES) $(CUDA_SOURCES)
 
 gpu-check:
 	scripts/gpu_check.sh $(GPU_OUT)

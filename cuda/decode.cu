@@ -67,27 +67,32 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#define WARPS 4     // warps per block
-#define ROWS_Q4_0 4 // rows of W a lane works on at once (16-byte loads in flight per lane)
+#define WARPS 4      // warps per block
+#define ROWS_Q4_0 4  // rows of W a lane works on at once (16-byte loads in flight per lane)
 #define ROWS_Q8_0 2
 #define ROWS_BF16 2
-#define BLOCK 32    // weights per block along K
+#define BLOCK 32  // weights per block along K
 // Lanes that share a row: 1 for K < 128 (up to 3 blocks), 8 for K < 1024, else the warp.
 #define LANES_PER_ROW (1 + 7 * min(1, K / 128) + 24 * min(1, K / 1024))
 
 enum Format { Q4_0, Q8_0, BF16 };
 
 template <int F> struct Traits;
-template <> struct Traits<Q4_0> { static constexpr int rows = ROWS_Q4_0, vecs = 1; };   // 16 bytes of quants
-template <> struct Traits<Q8_0> { static constexpr int rows = ROWS_Q8_0, vecs = 2; };   // 32 bytes
-template <> struct Traits<BF16> { static constexpr int rows = ROWS_BF16, vecs = 4; };   // 64 bytes
+template <> struct Traits<Q4_0> {
+    static constexpr int rows = ROWS_Q4_0, vecs = 1;
+};  // 16 bytes of quants
+template <> struct Traits<Q8_0> {
+    static constexpr int rows = ROWS_Q8_0, vecs = 2;
+};  // 32 bytes
+template <> struct Traits<BF16> {
+    static constexpr int rows = ROWS_BF16, vecs = 4;
+};  // 64 bytes
 
 __device__ __forceinline__ float scale_of(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
 
 // Four weights of one row, dequantized: those FMA'd with the float4 of X at 4 * q within the block.
 template <int F>
-__device__ __forceinline__ void weights4(const uint4 (&raw)[Traits<F>::vecs], float d, int q, float (&w)[4])
-{
+__device__ __forceinline__ void weights4(const uint4 (&raw)[Traits<F>::vecs], float d, int q, float (&w)[4]) {
     if constexpr (F == Q4_0) {
         // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high nibbles.
         const unsigned words[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
@@ -111,8 +116,7 @@ __device__ __forceinline__ void weights4(const uint4 (&raw)[Traits<F>::vecs], fl
 
 template <int F, int MT>
 __device__ __forceinline__ void decode(const uint8_t* __restrict__ Wp, const float* __restrict__ X,
-                                       float* __restrict__ Y, int M, int N, int K)
-{
+                                       float* __restrict__ Y, int M, int N, int K) {
     constexpr int R = Traits<F>::rows, V = Traits<F>::vecs;
     const int blocks = K / BLOCK;
     const int lanes = LANES_PER_ROW;  // a power of two: 1, 8 or 32
@@ -191,64 +195,55 @@ __device__ __forceinline__ void decode(const uint8_t* __restrict__ Wp, const flo
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-decode_q4_0_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                    int K)
-{
+    decode_q4_0_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
+                       int K) {
     decode<Q4_0, 1>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-decode_q4_0_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                    int K)
-{
+    decode_q4_0_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
+                       int K) {
     decode<Q4_0, 4>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-decode_q4_0_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                    int K)
-{
+    decode_q4_0_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
+                        int K) {
     decode<Q4_0, 16>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-decode_q8_0_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                    int K)
-{
+    decode_q8_0_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
+                       int K) {
     decode<Q8_0, 1>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-decode_q8_0_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                    int K)
-{
+    decode_q8_0_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
+                       int K) {
     decode<Q8_0, 4>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-decode_q8_0_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                    int K)
-{
+    decode_q8_0_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
+                        int K) {
     decode<Q8_0, 16>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-decode_bf16_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                    int K)
-{
+    decode_bf16_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
+                       int K) {
     decode<BF16, 1>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-decode_bf16_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                    int K)
-{
+    decode_bf16_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
+                       int K) {
     decode<BF16, 4>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-decode_bf16_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                    int K)
-{
+    decode_bf16_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
+                        int K) {
     decode<BF16, 16>(W, X, Y, M, N, K);
 }

@@ -35,8 +35,7 @@ __device__ __forceinline__ void store(__nv_bfloat16* y, float v) { *y = __float2
 
 // Dot product of two 16-byte vectors. A BF16 value is the top half of an FP32 one, so widening
 // is a shift or a mask of each 32-bit word (no conversion instruction).
-__device__ __forceinline__ float dot16(uint4 w, uint4 x, const __nv_bfloat16*)
-{
+__device__ __forceinline__ float dot16(uint4 w, uint4 x, const __nv_bfloat16*) {
     const unsigned ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
     float s = 0.f;
 #pragma unroll
@@ -46,15 +45,14 @@ __device__ __forceinline__ float dot16(uint4 w, uint4 x, const __nv_bfloat16*)
     }
     return s;
 }
-__device__ __forceinline__ float dot16(uint4 w, uint4 x, const float*)
-{
+__device__ __forceinline__ float dot16(uint4 w, uint4 x, const float*) {
     return __uint_as_float(w.x) * __uint_as_float(x.x) + __uint_as_float(w.y) * __uint_as_float(x.y) +
            __uint_as_float(w.z) * __uint_as_float(x.z) + __uint_as_float(w.w) * __uint_as_float(x.w);
 }
 
 template <class T>
-__device__ __forceinline__ void gemv(const T* __restrict__ W, const T* __restrict__ x, T* __restrict__ y, int N, int K)
-{
+__device__ __forceinline__ void gemv(const T* __restrict__ W, const T* __restrict__ x, T* __restrict__ y, int N,
+                                     int K) {
     // W [N, K] row-major, x [K], y [N]. One warp per row, ROWS_PER_BLOCK warps per block.
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -90,14 +88,12 @@ __device__ __forceinline__ void gemv(const T* __restrict__ W, const T* __restric
 }
 
 extern "C" __global__ void __launch_bounds__(ROWS_PER_BLOCK * 32)
-gemv_bf16(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
-          int N, int K)
-{
+    gemv_bf16(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y,
+              int N, int K) {
     gemv(W, x, y, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(ROWS_PER_BLOCK * 32)
-gemv_f32(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N, int K)
-{
+    gemv_f32(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
     gemv(W, x, y, N, K);
 }

@@ -68,31 +68,38 @@
 #define STAGES 3
 #define WARPS_M 2
 #define WARPS_N 2
-#define THREADS (32 * WARPS_M * WARPS_N)       // 128
-#define WARP_M (BLOCK_M / WARPS_M)             // 64
-#define WARP_N (BLOCK_N / WARPS_N)             // 64
-#define FRAGS_M (WARP_M / 16)                  // 4 m16 fragments down a warp's tile
-#define FRAGS_N (WARP_N / 8)                   // 8 n8 fragments across
+#define THREADS (32 * WARPS_M * WARPS_N)  // 128
+#define WARP_M (BLOCK_M / WARPS_M)        // 64
+#define WARP_N (BLOCK_N / WARPS_N)        // 64
+#define FRAGS_M (WARP_M / 16)             // 4 m16 fragments down a warp's tile
+#define FRAGS_N (WARP_N / 8)              // 8 n8 fragments across
 #define GROUP_M 8
 #define A_STAGE_BYTES (BLOCK_M * BLOCK_K * 2)  // 8 KiB
 #define B_STAGE_BYTES (BLOCK_K * BLOCK_N * 2)  // 8 KiB
 
-__device__ __forceinline__ bool aligned(const void* p, unsigned bytes) { return (reinterpret_cast<size_t>(p) % bytes) == 0; }
+__device__ __forceinline__ bool aligned(const void* p, unsigned bytes) {
+    return (reinterpret_cast<size_t>(p) % bytes) == 0;
+}
 
 // Byte offsets of 16-byte chunks in a stage (see the header for the swizzles).
-__device__ __forceinline__ unsigned a_offset(int row, int chunk) { return row * (BLOCK_K * 2) + ((chunk ^ ((row >> 1) & 3)) << 4); }
-__device__ __forceinline__ unsigned b_offset(int row, int chunk) { return row * (BLOCK_N * 2) + ((chunk ^ (row & 7)) << 4); }
+__device__ __forceinline__ unsigned a_offset(int row, int chunk) {
+    return row * (BLOCK_K * 2) + ((chunk ^ ((row >> 1) & 3)) << 4);
+}
+__device__ __forceinline__ unsigned b_offset(int row, int chunk) {
+    return row * (BLOCK_N * 2) + ((chunk ^ (row & 7)) << 4);
+}
 
 // FP32 -> the input dtype, rounded to nearest even, as raw 16 bits.
-__device__ __forceinline__ unsigned to_bits(float v, const __nv_bfloat16*) { return __bfloat16_as_ushort(__float2bfloat16(v)); }
+__device__ __forceinline__ unsigned to_bits(float v, const __nv_bfloat16*) {
+    return __bfloat16_as_ushort(__float2bfloat16(v));
+}
 __device__ __forceinline__ unsigned to_bits(float v, const __half*) { return __half_as_ushort(__float2half(v)); }
 
-__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], const __nv_bfloat16*)
-{
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                                    const __nv_bfloat16*) {
     ptx::mma_m16n8k16_bf16(d, a, b, d);
 }
-__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], const __half*)
-{
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], const __half*) {
     ptx::mma_m16n8k16_f16(d, a, b, d);
 }
 
@@ -100,8 +107,7 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const
 // shared address dst: cp.async when vec (then valid is 0 or 8 and p 16-byte aligned), else
 // element by element with a plain store.
 __device__ __forceinline__ void load_chunk(ptx::smem_t dst, unsigned short* dst_generic, const unsigned short* base,
-                                           const unsigned short* p, int valid, bool vec)
-{
+                                           const unsigned short* p, int valid, bool vec) {
     valid = max(0, min(valid, 8));
     if (vec) {
         ptx::cp_async_16(dst, valid > 0 ? p : base, unsigned(valid) * 2);
@@ -114,9 +120,8 @@ __device__ __forceinline__ void load_chunk(ptx::smem_t dst, unsigned short* dst_
 }
 
 template <class T>
-__device__ __forceinline__ void mma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
-                                         int M, int N, int K)
-{
+__device__ __forceinline__ void mma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M,
+                                         int N, int K) {
     // A [M, K], B [K, N], C [M, N]; row-major, T = __nv_bfloat16 or __half, as raw 16-bit values.
     __shared__ __align__(128) unsigned short As[STAGES][BLOCK_M * BLOCK_K];
     __shared__ __align__(128) unsigned short Bs[STAGES][BLOCK_K * BLOCK_N];
@@ -181,7 +186,7 @@ __device__ __forceinline__ void mma_gemm(const T* __restrict__ A, const T* __res
     const int ld_row = lane % 16, ld_chunk = lane / 16;
     for (int t = 0; t < k_tiles; ++t) {
         ptx::cp_async_wait_group<STAGES - 2>();  // this thread's copies of tile t have landed
-        __syncthreads();  // everyone's have; and everyone is done reading tile t - 1's stage
+        __syncthreads();                         // everyone's have; and everyone is done reading tile t - 1's stage
         if (t + STAGES - 1 < k_tiles) load_tile(t + STAGES - 1, (t + STAGES - 1) % STAGES);  // into t - 1's stage
         ptx::cp_async_commit_group();
         if (threadIdx.x == 0) MATMUL_PROGRESS_MARK(PROGRESS_CONSUMER, t);  // tiles 0 .. t - 1 computed
@@ -230,14 +235,12 @@ __device__ __forceinline__ void mma_gemm(const T* __restrict__ A, const T* __res
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-mma_bf16(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B, __nv_bfloat16* __restrict__ C,
-         int M, int N, int K)
-{
+    mma_bf16(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B, __nv_bfloat16* __restrict__ C,
+             int M, int N, int K) {
     mma_gemm(A, B, C, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-mma_f16(const __half* __restrict__ A, const __half* __restrict__ B, __half* __restrict__ C, int M, int N, int K)
-{
+    mma_f16(const __half* __restrict__ A, const __half* __restrict__ B, __half* __restrict__ C, int M, int N, int K) {
     mma_gemm(A, B, C, M, N, K);
 }

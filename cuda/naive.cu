@@ -13,9 +13,8 @@
 // Launch (read by the harness: harness/backends/cuda/plans.py), a 16 x 16 block:
 // @launch naive grid (cdiv(N, 16), cdiv(M, 16)) block (16, 16) args (A, B, C, M, N, K) static_shared 0
 
-extern "C" __global__ void naive_f32(const float* __restrict__ A, const float* __restrict__ B,
-                                     float* __restrict__ C, int M, int N, int K)
-{
+extern "C" __global__ void naive_f32(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                                     int M, int N, int K) {
     // A [M, K], B [K, N], C [M, N]; all row-major.
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     const int row = blockIdx.y * blockDim.y + threadIdx.y;

@@ -10,12 +10,12 @@
 
 #if defined(MATMUL_PROGRESS) && !defined(CUDA_EMULATION)
 __device__ unsigned long long* matmul_progress = nullptr;
-#define MATMUL_PROGRESS_MARK(slot, value)                                                        \
-    do {                                                                                         \
-        if (blockIdx.x == 0 && matmul_progress != nullptr) {                                     \
-            reinterpret_cast<volatile unsigned long long*>(matmul_progress)[slot] = (value);     \
-            __threadfence_system();                                                              \
-        }                                                                                        \
+#define MATMUL_PROGRESS_MARK(slot, value)                                                                              \
+    do {                                                                                                               \
+        if (blockIdx.x == 0 && matmul_progress != nullptr) {                                                           \
+            reinterpret_cast<volatile unsigned long long*>(matmul_progress)[slot] = (value);                           \
+            __threadfence_system();                                                                                    \
+        }                                                                                                              \
     } while (0)
 #else
 #define MATMUL_PROGRESS_MARK(slot, value) ((void)0)

@@ -31,8 +31,7 @@ namespace ptx {
 using smem_t = unsigned;
 
 // cvta.to.shared: the shared-window address of a generic pointer into shared memory.
-__device__ __forceinline__ smem_t smem_address(const void* p)
-{
+__device__ __forceinline__ smem_t smem_address(const void* p) {
     return static_cast<smem_t>(__cvta_generic_to_shared(p));
 }
 
@@ -46,32 +45,36 @@ __device__ __forceinline__ smem_t smem_address(const void* p)
 // (2 (l % 4) + 1, l / 4), (row, column) of the matrix as stored.
 // Volatile with a "memory" clobber: it reads shared memory that other threads wrote, so it must
 // stay after the barrier that publishes it.
-__device__ __forceinline__ void ldmatrix_x1(unsigned& r0, smem_t address)
-{
+__device__ __forceinline__ void ldmatrix_x1(unsigned& r0, smem_t address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(r0) : "r"(address) : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x2(unsigned& r0, unsigned& r1, smem_t address)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(address) : "memory");
+__device__ __forceinline__ void ldmatrix_x2(unsigned& r0, unsigned& r1, smem_t address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(r0), "=r"(r1)
+                 : "r"(address)
+                 : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, smem_t address)
-{
+__device__ __forceinline__ void ldmatrix_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, smem_t address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(address) : "memory");
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(address)
+                 : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x1_trans(unsigned& r0, smem_t address)
-{
+__device__ __forceinline__ void ldmatrix_x1_trans(unsigned& r0, smem_t address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];" : "=r"(r0) : "r"(address) : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x2_trans(unsigned& r0, unsigned& r1, smem_t address)
-{
+__device__ __forceinline__ void ldmatrix_x2_trans(unsigned& r0, unsigned& r1, smem_t address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-                 : "=r"(r0), "=r"(r1) : "r"(address) : "memory");
+                 : "=r"(r0), "=r"(r1)
+                 : "r"(address)
+                 : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, smem_t address)
-{
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3,
+                                                  smem_t address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(address) : "memory");
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(address)
+                 : "memory");
 }
 
 // ---- mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 -----------------------------
@@ -83,22 +86,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned& r0, unsigned& r1, un
 //     for b2, b3 (b[1]); col (n) = groupID.
 // C, D: 4 .f32 registers c0..c3: row = groupID, + 8 for c2, c3; col = threadID_in_group * 2 + (i & 1).
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
-                                                  const float (&c)[4])
-{
+                                                  const float (&c)[4]) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%10, %11, %12, %13};"
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+                   "f"(c[3]));
 }
 __device__ __forceinline__ void mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
-                                                 const float (&c)[4])
-{
+                                                 const float (&c)[4]) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%10, %11, %12, %13};"
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+                   "f"(c[3]));
 }
 
 // ---- cp.async.cg.shared.global [dst], [src], 16, src_bytes ---------------------------------------
@@ -106,24 +107,17 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float (&d)[4], const unsigned (
 // cached in L2 only (.cg). Only the first src_bytes (0..16) are read; the rest of the 16 are
 // zero-filled. The copy joins the thread's current (uncommitted) group; nothing may be assumed
 // about when it lands until a wait_group covers that group.
-__device__ __forceinline__ void cp_async_16(smem_t dst, const void* src, unsigned src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+__device__ __forceinline__ void cp_async_16(smem_t dst, const void* src, unsigned src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 // cp.async.commit_group: the copies issued since the last commit become one group.
-__device__ __forceinline__ void cp_async_commit_group()
-{
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
+__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // cp.async.wait_group N: waits until at most N of the thread's most recent groups are pending;
 // all older groups have landed in shared memory, visible to this thread (other threads need a
 // barrier as well).
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group()
-{
-    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+template <int N> __device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
-
 
 // ==== Hopper (sm_90a): mbarrier, TMA, wgmma, setmaxnreg (cuda/wgmma.cu) ===========================
 //
@@ -135,11 +129,12 @@ __device__ __forceinline__ void cp_async_wait_group()
 // as cuda.h declares CUtensorMap (alignas(128) since CUDA 12.x; tests/test_sass.py compares),
 // passed to the kernel as a `const __grid_constant__` parameter so that its address is a
 // parameter-space address the TMA unit can read.
-struct alignas(128) TensorMap { unsigned long long opaque[16]; };
+struct alignas(128) TensorMap {
+    unsigned long long opaque[16];
+};
 
 // The dynamic shared memory of the block (the launch's shared_size bytes).
-__device__ __forceinline__ unsigned char* dynamic_shared_memory()
-{
+__device__ __forceinline__ unsigned char* dynamic_shared_memory() {
     extern __shared__ __align__(1024) unsigned char ptx_dynamic_shared[];
     return ptx_dynamic_shared;
 }
@@ -150,50 +145,42 @@ __device__ __forceinline__ unsigned char* dynamic_shared_memory()
 // completes when both are zero: the phase number advances, the pending arrivals return to the
 // init count. try_wait.parity(P) is true once the phase with parity P has completed, i.e. while
 // the current phase's parity is not P: on a fresh barrier parity 1 is "complete" already.
-__device__ __forceinline__ void mbarrier_init(smem_t bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+__device__ __forceinline__ void mbarrier_init(smem_t bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
 // Makes the inits visible to the async proxy (the TMA unit) before any copy signals them.
-__device__ __forceinline__ void fence_mbarrier_init()
-{
+__device__ __forceinline__ void fence_mbarrier_init() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 // One arrival (release semantics: this thread's earlier memory accesses happen before the
 // phase completes).
-__device__ __forceinline__ void mbarrier_arrive(smem_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+__device__ __forceinline__ void mbarrier_arrive(smem_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 // Adds bytes to the transaction count, then one arrival: the phase now also waits for that
 // many bytes of complete_tx (from the TMA copies that name this barrier).
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(smem_t bar, unsigned bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(smem_t bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 // Non-blocking test (it may suspend for a hardware time limit): has the phase with this parity
 // completed? Acquire semantics when true: what the arrivals released, and the bytes the copies
 // wrote, are visible.
-__device__ __forceinline__ bool mbarrier_try_wait_parity(smem_t bar, unsigned parity)
-{
+__device__ __forceinline__ bool mbarrier_try_wait_parity(smem_t bar, unsigned parity) {
     unsigned done;
     asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
     return done != 0;
 }
-__device__ __forceinline__ void mbarrier_wait_parity(smem_t bar, unsigned parity)
-{
-    while (!mbarrier_try_wait_parity(bar, parity)) {
-    }
+__device__ __forceinline__ void mbarrier_wait_parity(smem_t bar, unsigned parity) {
+    while (!mbarrier_try_wait_parity(bar, parity)) {}
 }
 
 // ---- fence.proxy.async.shared::cta ----------------------------------------------------------------
 // Orders this thread's generic-proxy accesses to shared memory (plain loads and stores) with
 // later async-proxy accesses (TMA, wgmma's operand reads), and the converse.
-__device__ __forceinline__ void fence_proxy_async()
-{
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // ---- cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes -------------------
 // One box of the 2-D tensor that `map` describes, its corner at (column x, row y) in elements,
@@ -203,10 +190,12 @@ __device__ __forceinline__ void fence_proxy_async()
 // 16-byte chunk of the shared address moves by XOR of address bits [4, 7) with bits [7, 10)
 // (the chunk index within a 128-byte row with the row index mod 8). When it has landed the copy
 // performs complete_tx(box bytes, zero-filled ones included) on the mbarrier bar.
-__device__ __forceinline__ void tma_load_2d(smem_t dst, const TensorMap* map, int x, int y, smem_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
+__device__ __forceinline__ void tma_load_2d(smem_t dst, const TensorMap* map, int x, int y, smem_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar)
+        : "memory");
 }
 
 // ---- wgmma.fence / commit_group / wait_group ----------------------------------------------------
@@ -214,18 +203,10 @@ __device__ __forceinline__ void tma_load_2d(smem_t dst, const TensorMap* map, in
 // instructions since. commit_group: the wgmma ops issued since the last commit form a group.
 // wait_group N: until at most N groups are pending; only then may the accumulators be read, or
 // the shared memory the completed groups read be overwritten.
-__device__ __forceinline__ void wgmma_fence()
-{
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit_group()
-{
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait_group()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait_group() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
 // ---- wgmma.mma_async.sync.aligned.m64n256k16.f32.{bf16,f16}.{bf16,f16} ----------------------------
@@ -235,34 +216,35 @@ __device__ __forceinline__ void wgmma_wait_group()
 // Accumulator fragment (ISA "Matrix fragments for wgmma .m64nNk16", D of .f32): 128 registers
 // d[i] per thread; warp w (0..3) of the warp group owns rows 16 w .. 16 w + 15; in it, lane l
 // holds row 16 w + l / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4) + (i % 2).
-#define PTX_WGMMA_N256(TYPE)                                                                              \
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"                                         \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-                 : "l"(a_desc), "l"(b_desc), "r"(scale_d))
+#define PTX_WGMMA_N256(TYPE)                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                 \
+    asm volatile(                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+        "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                      \
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                         \
+        " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                        \
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                             \
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            \
+          "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                       \
+          "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                  \
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                  \
+          "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                  \
+          "+f"(d[126]), "+f"(d[127])                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                         \
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d))
 __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], unsigned long long a_desc,
-                                                      unsigned long long b_desc, int scale_d)
-{
+                                                      unsigned long long b_desc, int scale_d) {
     PTX_WGMMA_N256("bf16");
 }
 __device__ __forceinline__ void wgmma_m64n256k16_f16(float (&d)[128], unsigned long long a_desc,
-                                                     unsigned long long b_desc, int scale_d)
-{
+                                                     unsigned long long b_desc, int scale_d) {
     PTX_WGMMA_N256("f16");
 }
 #undef PTX_WGMMA_N256
@@ -271,17 +253,13 @@ __device__ __forceinline__ void wgmma_m64n256k16_f16(float (&d)[128], unsigned l
 // Raises (inc) or lowers (dec) the registers per thread of the executing warp group to N:
 // N a multiple of 8 in [24, 256], the same for all 4 warps of the warp group. Producer warp
 // groups give registers back so that the consumers can hold larger accumulator tiles.
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc()
-{
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
     static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec()
-{
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
     static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 }
 
 }  // namespace ptx
@@ -303,8 +281,7 @@ namespace ptx {
 //     start + (k % 8) * 128 + (k / 8) * SBO + 2 (mn % 64) + (mn / 64) * LBO.
 constexpr int kSwizzleNone = 0, kSwizzle128B = 1, kSwizzle64B = 2, kSwizzle32B = 3;
 __host__ __device__ constexpr unsigned long long wgmma_descriptor(unsigned long long address, unsigned lbo,
-                                                                  unsigned sbo, int swizzle)
-{
+                                                                  unsigned sbo, int swizzle) {
     // address & 0x3ffff: a shared-window address fits in 18 bits (228 KiB); the emulation's window
     // is 256 KiB-aligned, so its low 18 bits are the offset in the window there too.
     return ((address & 0x3ffff) >> 4) | (static_cast<unsigned long long>((lbo >> 4) & 0x3fff) << 16) |

@@ -33,8 +33,7 @@
 #define T2 16  // threads per side of the block; each thread computes 2x2, so the block covers 32x32
 
 extern "C" __global__ void register_tiled_2x2_f32(const float* __restrict__ A, const float* __restrict__ B,
-                                                  float* __restrict__ C, int M, int N, int K)
-{
+                                                  float* __restrict__ C, int M, int N, int K) {
     // A [M, K], B [K, N], C [M, N]; row-major. Block (16, 16); BLOCK_M = BLOCK_N = 32, BLOCK_K = 16.
     __shared__ float As[2 * T2][T2];
     __shared__ float Bs[T2][2 * T2];
@@ -84,8 +83,7 @@ extern "C" __global__ void register_tiled_2x2_f32(const float* __restrict__ A, c
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<size_t>(p) & 15) == 0; }
 
 // Four consecutive elements of A's row `row` from column k (k is a multiple of 4), zero outside A.
-__device__ __forceinline__ float4 load_a4(const float* __restrict__ A, int M, int K, int row, int k, bool vec)
-{
+__device__ __forceinline__ float4 load_a4(const float* __restrict__ A, int M, int K, int row, int k, bool vec) {
     if (vec && row < M && k < K)  // K % 4 == 0 and k % 4 == 0, so all four are inside
         return *reinterpret_cast<const float4*>(A + (size_t)row * K + k);
     float v[4];
@@ -94,18 +92,16 @@ __device__ __forceinline__ float4 load_a4(const float* __restrict__ A, int M, in
 }
 
 // Four consecutive elements of B's row k from column col (a multiple of 4), zero outside B.
-__device__ __forceinline__ float4 load_b4(const float* __restrict__ B, int K, int N, int k, int col, bool vec)
-{
-    if (vec && k < K && col < N)
-        return *reinterpret_cast<const float4*>(B + (size_t)k * N + col);
+__device__ __forceinline__ float4 load_b4(const float* __restrict__ B, int K, int N, int k, int col, bool vec) {
+    if (vec && k < K && col < N) return *reinterpret_cast<const float4*>(B + (size_t)k * N + col);
     float v[4];
     for (int i = 0; i < 4; ++i) v[i] = (k < K && col + i < N) ? B[(size_t)k * N + col + i] : 0.f;
     return make_float4(v[0], v[1], v[2], v[3]);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-register_tiled_f32(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K)
-{
+    register_tiled_f32(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                       int K) {
     // A [M, K], B [K, N], C [M, N]; row-major. Block 256 threads; a BLOCK_M x BLOCK_N tile of C
     // per block, TM x TN per thread. Shared: 2 x (8 x 132 + 8 x 128) floats = 16.5 KiB.
     __shared__ __align__(16) float As[2][BLOCK_K][BLOCK_M + A_PAD];  // transposed: As[k][m]
@@ -150,7 +146,7 @@ register_tiled_f32(const float* __restrict__ A, const float* __restrict__ B, flo
 
     for (int k0 = 0; k0 < K; k0 += BLOCK_K) {
         const bool more = k0 + BLOCK_K < K;  // the same for every thread: the barrier below is reached by all
-        if (more) {  // issue the next tile's global loads now; they complete while we compute
+        if (more) {                          // issue the next tile's global loads now; they complete while we compute
             ra = load_a4(A, M, K, row0 + a_row, k0 + BLOCK_K + a_k, vec_a);
             rb = load_b4(B, K, N, k0 + BLOCK_K + b_k, col0 + b_col, vec_b);
         }
@@ -161,10 +157,22 @@ register_tiled_f32(const float* __restrict__ A, const float* __restrict__ B, flo
             const float4 a1 = *reinterpret_cast<const float4*>(&As[buf][k][64 + ty * 4]);
             const float4 b0 = *reinterpret_cast<const float4*>(&Bs[buf][k][tx * 4]);
             const float4 b1 = *reinterpret_cast<const float4*>(&Bs[buf][k][64 + tx * 4]);
-            a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
-            a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
-            b[0] = b0.x; b[1] = b0.y; b[2] = b0.z; b[3] = b0.w;
-            b[4] = b1.x; b[5] = b1.y; b[6] = b1.z; b[7] = b1.w;
+            a[0] = a0.x;
+            a[1] = a0.y;
+            a[2] = a0.z;
+            a[3] = a0.w;
+            a[4] = a1.x;
+            a[5] = a1.y;
+            a[6] = a1.z;
+            a[7] = a1.w;
+            b[0] = b0.x;
+            b[1] = b0.y;
+            b[2] = b0.z;
+            b[3] = b0.w;
+            b[4] = b1.x;
+            b[5] = b1.y;
+            b[6] = b1.z;
+            b[7] = b1.w;
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll

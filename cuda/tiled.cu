@@ -25,9 +25,8 @@
 
 #define TILE 16
 
-extern "C" __global__ void tiled_f32(const float* __restrict__ A, const float* __restrict__ B,
-                                     float* __restrict__ C, int M, int N, int K)
-{
+extern "C" __global__ void tiled_f32(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                                     int M, int N, int K) {
     // A [M, K], B [K, N], C [M, N]; all row-major.
     __shared__ float As[TILE][TILE];
     __shared__ float Bs[TILE][TILE];

@@ -72,27 +72,28 @@
 
 #define BLOCK_M 128
 #define BLOCK_N 256
-#define BLOCK_K 64                                 // 64 x 2 B = 128 B: one swizzled row
+#define BLOCK_K 64  // 64 x 2 B = 128 B: one swizzled row
 #define STAGES 4
-#define CONSUMERS 2                                // consumer warp groups, 64 rows of the tile each
-#define THREADS (128 * (CONSUMERS + 1))            // 384
+#define CONSUMERS 2                      // consumer warp groups, 64 rows of the tile each
+#define THREADS (128 * (CONSUMERS + 1))  // 384
 #define GROUP_M 8
-#define A_STAGE_BYTES (BLOCK_M * BLOCK_K * 2)      // 16 KiB
-#define B_BOX_BYTES (BLOCK_K * 64 * 2)             // 8 KiB: 64 k rows x 64 n (128 B)
-#define B_STAGE_BYTES (BLOCK_K * BLOCK_N * 2)      // 32 KiB: 4 boxes side by side
+#define A_STAGE_BYTES (BLOCK_M * BLOCK_K * 2)  // 16 KiB
+#define B_BOX_BYTES (BLOCK_K * 64 * 2)         // 8 KiB: 64 k rows x 64 n (128 B)
+#define B_STAGE_BYTES (BLOCK_K * BLOCK_N * 2)  // 32 KiB: 4 boxes side by side
 #define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
 // The stages, then 2 x STAGES mbarriers; + 1 KiB to align the base to 1024 (the swizzle's period).
 #define SHARED_BYTES (STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024)
 
-__device__ __forceinline__ unsigned to_bits(float v, const __nv_bfloat16*) { return __bfloat16_as_ushort(__float2bfloat16(v)); }
+__device__ __forceinline__ unsigned to_bits(float v, const __nv_bfloat16*) {
+    return __bfloat16_as_ushort(__float2bfloat16(v));
+}
 __device__ __forceinline__ unsigned to_bits(float v, const __half*) { return __half_as_ushort(__float2half(v)); }
 
-__device__ __forceinline__ void wgmma(float (&d)[128], unsigned long long a, unsigned long long b, const __nv_bfloat16*)
-{
+__device__ __forceinline__ void wgmma(float (&d)[128], unsigned long long a, unsigned long long b,
+                                      const __nv_bfloat16*) {
     ptx::wgmma_m64n256k16_bf16(d, a, b, 1);
 }
-__device__ __forceinline__ void wgmma(float (&d)[128], unsigned long long a, unsigned long long b, const __half*)
-{
+__device__ __forceinline__ void wgmma(float (&d)[128], unsigned long long a, unsigned long long b, const __half*) {
     ptx::wgmma_m64n256k16_f16(d, a, b, 1);
 }
 
@@ -100,23 +101,21 @@ __device__ __forceinline__ void wgmma(float (&d)[128], unsigned long long a, uns
 // (tests/test_cute_oracle.py checks these four against CuTe's). A: K-major, rows of 128 B,
 // 8-row groups 1024 B apart; k step kk = 32 bytes along the (swizzled) row. B: MN-major, k step
 // kk = 16 rows of 128 B; 64-column boxes 8 KiB apart (LBO), 8-row groups 1024 B apart (SBO).
-__device__ __forceinline__ ptx::smem_t a_stage_of(ptx::smem_t smem, int s, int consumer)
-{
+__device__ __forceinline__ ptx::smem_t a_stage_of(ptx::smem_t smem, int s, int consumer) {
     return smem + s * STAGE_BYTES + consumer * 64 * 128;
 }
-__device__ __forceinline__ ptx::smem_t b_stage_of(ptx::smem_t smem, int s) { return smem + s * STAGE_BYTES + A_STAGE_BYTES; }
-__device__ __forceinline__ unsigned long long a_descriptor(ptx::smem_t a_stage, int kk)
-{
+__device__ __forceinline__ ptx::smem_t b_stage_of(ptx::smem_t smem, int s) {
+    return smem + s * STAGE_BYTES + A_STAGE_BYTES;
+}
+__device__ __forceinline__ unsigned long long a_descriptor(ptx::smem_t a_stage, int kk) {
     return ptx::wgmma_descriptor(a_stage + kk * 32, 16, 1024, ptx::kSwizzle128B);
 }
-__device__ __forceinline__ unsigned long long b_descriptor(ptx::smem_t b_stage, int kk)
-{
+__device__ __forceinline__ unsigned long long b_descriptor(ptx::smem_t b_stage, int kk) {
     return ptx::wgmma_descriptor(b_stage + kk * 16 * 128, B_BOX_BYTES, 1024, ptx::kSwizzle128B);
 }
 
 // The tile's origin (row0, col0) of the i-th tile in grouped order.
-__device__ __forceinline__ void tile_origin(int i, int tiles_m, int tiles_n, int& row0, int& col0)
-{
+__device__ __forceinline__ void tile_origin(int i, int tiles_m, int tiles_n, int& row0, int& col0) {
     const int per_group = GROUP_M * tiles_n;
     const int first_m = (i / per_group) * GROUP_M;
     const int group_rows = min(tiles_m - first_m, GROUP_M);
@@ -125,9 +124,8 @@ __device__ __forceinline__ void tile_origin(int i, int tiles_m, int tiles_n, int
 }
 
 template <class T>
-__device__ __forceinline__ void wgmma_gemm(const ptx::TensorMap* a_map, const ptx::TensorMap* b_map,
-                                           T* __restrict__ C, int M, int N, int K)
-{
+__device__ __forceinline__ void wgmma_gemm(const ptx::TensorMap* a_map, const ptx::TensorMap* b_map, T* __restrict__ C,
+                                           int M, int N, int K) {
     unsigned char* raw = ptx::dynamic_shared_memory();
     const ptx::smem_t raw_smem = ptx::smem_address(raw);
     const ptx::smem_t smem = (raw_smem + 1023) & ~ptx::smem_t(1023);  // stage s at smem + s * STAGE_BYTES
@@ -136,8 +134,8 @@ __device__ __forceinline__ void wgmma_gemm(const ptx::TensorMap* a_map, const pt
     const int warp_group = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            ptx::mbarrier_init(full + 8 * s, 1);                  // the producer's arrive.expect_tx
-            ptx::mbarrier_init(empty + 8 * s, CONSUMERS * 4);     // one arrival per consumer warp
+            ptx::mbarrier_init(full + 8 * s, 1);               // the producer's arrive.expect_tx
+            ptx::mbarrier_init(empty + 8 * s, CONSUMERS * 4);  // one arrival per consumer warp
         }
         ptx::fence_mbarrier_init();
     }
@@ -189,7 +187,8 @@ __device__ __forceinline__ void wgmma_gemm(const ptx::TensorMap* a_map, const pt
             const ptx::smem_t a_stage = a_stage_of(smem, s, consumer), b_stage = b_stage_of(smem, s);
             ptx::wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_K / 16; ++kk) wgmma(acc, a_descriptor(a_stage, kk), b_descriptor(b_stage, kk), C);
+            for (int kk = 0; kk < BLOCK_K / 16; ++kk)
+                wgmma(acc, a_descriptor(a_stage, kk), b_descriptor(b_stage, kk), C);
             ptx::wgmma_commit_group();
             ptx::wgmma_wait_group<1>();  // the previous tile's wgmmas are done: release its stage
             if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(empty + 8 * previous);
@@ -222,15 +221,13 @@ __device__ __forceinline__ void wgmma_gemm(const ptx::TensorMap* a_map, const pt
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-wgmma_bf16(const __grid_constant__ ptx::TensorMap a_map, const __grid_constant__ ptx::TensorMap b_map,
-           __nv_bfloat16* __restrict__ C, int M, int N, int K)
-{
+    wgmma_bf16(const __grid_constant__ ptx::TensorMap a_map, const __grid_constant__ ptx::TensorMap b_map,
+               __nv_bfloat16* __restrict__ C, int M, int N, int K) {
     wgmma_gemm(&a_map, &b_map, C, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-wgmma_f16(const __grid_constant__ ptx::TensorMap a_map, const __grid_constant__ ptx::TensorMap b_map,
-          __half* __restrict__ C, int M, int N, int K)
-{
+    wgmma_f16(const __grid_constant__ ptx::TensorMap a_map, const __grid_constant__ ptx::TensorMap b_map,
+              __half* __restrict__ C, int M, int N, int K) {
     wgmma_gemm(&a_map, &b_map, C, M, N, K);
 }

@@ -67,9 +67,9 @@ using namespace nvcuda;
 #define BLOCK_K 32
 #define WARPS_M 2
 #define WARPS_N 2
-#define THREADS (32 * WARPS_M * WARPS_N)       // 128
-#define FRAG_M (BLOCK_M / WARPS_M / 16)        // 4 accumulator fragments down a warp's sub-tile
-#define FRAG_N (BLOCK_N / WARPS_N / 16)        // 4 across
+#define THREADS (32 * WARPS_M * WARPS_N)  // 128
+#define FRAG_M (BLOCK_M / WARPS_M / 16)   // 4 accumulator fragments down a warp's sub-tile
+#define FRAG_N (BLOCK_N / WARPS_N / 16)   // 4 across
 // Padding of 8 halves (16 bytes) per row staggers the rows over the shared-memory banks; it
 // keeps every fragment pointer 32-byte aligned and the leading dimensions multiples of 8, as
 // load_matrix_sync requires.
@@ -80,13 +80,14 @@ using namespace nvcuda;
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<size_t>(p) & 15) == 0; }
 
 // FP32 -> the input dtype, rounded to nearest even, as raw 16 bits.
-__device__ __forceinline__ unsigned short to_bits(float v, const __nv_bfloat16*) { return __bfloat16_as_ushort(__float2bfloat16(v)); }
+__device__ __forceinline__ unsigned short to_bits(float v, const __nv_bfloat16*) {
+    return __bfloat16_as_ushort(__float2bfloat16(v));
+}
 __device__ __forceinline__ unsigned short to_bits(float v, const __half*) { return __half_as_ushort(__float2half(v)); }
 
 // Eight consecutive 16-bit elements from p + offset, of which `valid` (<= 0 .. 8) lie inside the
 // matrix; the rest are zero (0x0000 is +0 in both BF16 and FP16).
-__device__ __forceinline__ uint4 load8(const unsigned short* __restrict__ p, size_t offset, int valid, bool vec)
-{
+__device__ __forceinline__ uint4 load8(const unsigned short* __restrict__ p, size_t offset, int valid, bool vec) {
     if (vec && valid >= 8) return *reinterpret_cast<const uint4*>(p + offset);
     unsigned v[8];
     for (int i = 0; i < 8; ++i) v[i] = i < valid ? p[offset + i] : 0u;
@@ -94,34 +95,38 @@ __device__ __forceinline__ uint4 load8(const unsigned short* __restrict__ p, siz
 }
 
 // A fragment from shared memory: load_matrix_sync, except for BF16 on the GPU (see the header).
-template <class Fragment, class T>
-__device__ __forceinline__ void load_shared(Fragment& f, const T* p, unsigned ldm) { wmma::load_matrix_sync(f, p, ldm); }
+template <class Fragment, class T> __device__ __forceinline__ void load_shared(Fragment& f, const T* p, unsigned ldm) {
+    wmma::load_matrix_sync(f, p, ldm);
+}
 
 #ifdef __CUDA_ARCH__
 // The asm is volatile with a "memory" clobber because it reads shared memory: the compiler must
 // keep it after the stores and the barrier that fill the tile.
-__device__ __forceinline__ void load_shared(wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>& f,
-                                            const __nv_bfloat16* p, unsigned ldm)
-{
+__device__ __forceinline__ void
+load_shared(wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>& f, const __nv_bfloat16* p,
+            unsigned ldm) {
     unsigned* r = reinterpret_cast<unsigned*>(f.x);
     const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
     asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address), "r"(ldm) : "memory");
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address), "r"(ldm)
+                 : "memory");
 }
-__device__ __forceinline__ void load_shared(wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>& f,
-                                            const __nv_bfloat16* p, unsigned ldm)
-{
+__device__ __forceinline__ void
+load_shared(wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>& f, const __nv_bfloat16* p,
+            unsigned ldm) {
     unsigned* r = reinterpret_cast<unsigned*>(f.x);
     const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
     asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address), "r"(ldm) : "memory");
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address), "r"(ldm)
+                 : "memory");
 }
 #endif
 
 template <class T>
-__device__ __forceinline__ void wmma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
-                                          int M, int N, int K)
-{
+__device__ __forceinline__ void wmma_gemm(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M,
+                                          int N, int K) {
     // A [M, K], B [K, N], C [M, N]; row-major, T = __nv_bfloat16 or __half. Block 128 threads
     // (2 x 2 warps); a 128 x 128 tile of C per block, 64 x 64 per warp.
     __shared__ __align__(128) T As[2][BLOCK_M][A_LD];
@@ -236,14 +241,12 @@ __device__ __forceinline__ void wmma_gemm(const T* __restrict__ A, const T* __re
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-wmma_bf16(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B, __nv_bfloat16* __restrict__ C,
-          int M, int N, int K)
-{
+    wmma_bf16(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B, __nv_bfloat16* __restrict__ C,
+              int M, int N, int K) {
     wmma_gemm(A, B, C, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-wmma_f16(const __half* __restrict__ A, const __half* __restrict__ B, __half* __restrict__ C, int M, int N, int K)
-{
+    wmma_f16(const __half* __restrict__ A, const __half* __restrict__ B, __half* __restrict__ C, int M, int N, int K) {
     wmma_gemm(A, B, C, M, N, K);
 }

@@ -54,8 +54,8 @@ def _split_code(text: str, start: int, end: int, tokens: list[Token]) -> None:
     i = start
     while i < end:
         char = text[i]
-        if char.isspace():
-            i += 1
+        if char.isspace() or text.startswith("\\\n", i):  # a line continuation is layout too
+            i += 2 if char == "\\" else 1
             continue
         word = WORD.match(text, i, end)
         stop = word.end() if word else i + (2 if char == "\\" else 1)

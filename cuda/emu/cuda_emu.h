@@ -111,16 +111,28 @@
 #define __grid_constant__
 
 // ---- vector types -----------------------------------------------------------------------
-struct uint3 { unsigned x, y, z; };
+struct uint3 {
+    unsigned x, y, z;
+};
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-struct alignas(8) float2 { float x, y; };
-struct alignas(16) float4 { float x, y, z, w; };
-struct alignas(8) uint2 { unsigned x, y; };
-struct alignas(16) uint4 { unsigned x, y, z, w; };
-struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
@@ -128,10 +140,26 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 // ---- device functions -------------------------------------------------------------------
 using std::max;
 using std::min;
-inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+inline int __float_as_int(float f) {
+    int i;
+    std::memcpy(&i, &f, 4);
+    return i;
+}
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 // No separate shared window here: the "shared address" is the host address itself.
 inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
@@ -156,8 +184,8 @@ struct LaunchState {
     alignas(16) unsigned char slots[kMaxWarps][kWarpSize][kSlotBytes];
 };
 
-inline LaunchState launch;                 // one launch at a time per library (the shim locks)
-inline thread_local ThreadState* self;     // the CUDA thread running on this OS thread
+inline LaunchState launch;              // one launch at a time per library (the shim locks)
+inline thread_local ThreadState* self;  // the CUDA thread running on this OS thread
 
 void block_barrier();
 void warp_barrier();
@@ -246,13 +274,13 @@ enum class Wait : int { none, block_barrier, warp_barrier, mbarrier, registers }
 struct ThreadState {
     uint3 tid{0, 0, 0};
     int linear = 0, warp = 0, lane = 0;
-    unsigned long long rng = 0;                        // the random landing times (Landing::random)
-    std::vector<AsyncCopy> async_open;                 // issued since the last commit_group
-    std::deque<std::vector<AsyncCopy>> async_groups;   // committed, oldest first, not yet landed
-    std::vector<TmaCopy> tma_in_flight;                // issued by this thread, not landed
-    bool wgmma_fenced = false;                         // a wgmma.fence since the last wait_group
-    std::vector<PendingMma> mma_open;                  // issued since the last commit_group
-    std::deque<std::vector<PendingMma>> mma_groups;    // committed, oldest first, not yet computed
+    unsigned long long rng = 0;                       // the random landing times (Landing::random)
+    std::vector<AsyncCopy> async_open;                // issued since the last commit_group
+    std::deque<std::vector<AsyncCopy>> async_groups;  // committed, oldest first, not yet landed
+    std::vector<TmaCopy> tma_in_flight;               // issued by this thread, not landed
+    bool wgmma_fenced = false;                        // a wgmma.fence since the last wait_group
+    std::vector<PendingMma> mma_open;                 // issued since the last commit_group
+    std::deque<std::vector<PendingMma>> mma_groups;   // committed, oldest first, not yet computed
     std::atomic<int> wait_kind{0};
     std::atomic<std::uintptr_t> wait_address{0};
     std::atomic<long> wait_value{0};
@@ -302,16 +330,20 @@ inline void async_wait(ThreadState& s, size_t newest_pending) {
 
 // ---- Hopper: the bytes of a tensor map, dynamic shared memory, mbarriers -------------------------
 // A CUtensorMap's 128 bytes, as the kernel receives them (signature letter 'T').
-struct alignas(64) TensorMapBytes { unsigned long long opaque[16]; };
+struct alignas(64) TensorMapBytes {
+    unsigned long long opaque[16];
+};
 
 constexpr size_t kSharedWindowBytes = 228 * 1024, kSharedWindowAlign = size_t(1) << 18;
 inline unsigned char* shared_window() {
-    static unsigned char* window = static_cast<unsigned char*>(std::aligned_alloc(kSharedWindowAlign, kSharedWindowAlign));
+    static unsigned char* window =
+        static_cast<unsigned char*>(std::aligned_alloc(kSharedWindowAlign, kSharedWindowAlign));
     return window;
 }
 // The async proxy's view of the window (see the header).
 inline unsigned char* async_view() {
-    static unsigned char* view = static_cast<unsigned char*>(std::aligned_alloc(kSharedWindowAlign, kSharedWindowAlign));
+    static unsigned char* view =
+        static_cast<unsigned char*>(std::aligned_alloc(kSharedWindowAlign, kSharedWindowAlign));
     return view;
 }
 inline std::atomic<bool> window_in_use{false};  // set by ptx::dynamic_shared_memory()
@@ -332,8 +364,8 @@ inline void land_async_proxy(const std::vector<AsyncCopy>& chunks) {
 
 struct MBarrier {
     unsigned expected = 0, pending = 0, phase = 0;
-    long long tx = 0;                         // bytes expected minus bytes completed
-    std::vector<AsyncCopy> copies;            // TMA chunks that land at a test (fibers, Landing::at_wait)
+    long long tx = 0;               // bytes expected minus bytes completed
+    std::vector<AsyncCopy> copies;  // TMA chunks that land at a test (fibers, Landing::at_wait)
     long long copy_bytes = 0;
 #ifdef EMU_THREADS
     // One lock per barrier: an arrive and a wait on the same barrier are ordered for
@@ -352,7 +384,9 @@ struct MBarriers {
 };
 inline MBarriers mbarriers;
 
-inline void changed() { mbarriers.changes.fetch_add(1, std::memory_order_relaxed); }  // no ordering: not an edge for TSan
+inline void changed() {
+    mbarriers.changes.fetch_add(1, std::memory_order_relaxed);
+}  // no ordering: not an edge for TSan
 
 inline void add_tx(MBarrier& b, long long bytes) {
     b.tx += bytes;
@@ -392,11 +426,13 @@ inline void async_progress(ThreadState& s, bool blocking) {
     const Landing landing = async_policy.landing;
     if (landing == Landing::random) {
         auto land_some = [&](std::vector<AsyncCopy>& copies) {
-            copies.erase(std::remove_if(copies.begin(), copies.end(), [&](const AsyncCopy& c) {
-                if (!coin(s)) return false;
-                std::memcpy(c.destination, c.bytes, sizeof c.bytes);
-                return true;
-            }), copies.end());
+            copies.erase(std::remove_if(copies.begin(), copies.end(),
+                                        [&](const AsyncCopy& c) {
+                                            if (!coin(s)) return false;
+                                            std::memcpy(c.destination, c.bytes, sizeof c.bytes);
+                                            return true;
+                                        }),
+                         copies.end());
         };
         land_some(s.async_open);
         for (std::vector<AsyncCopy>& group : s.async_groups) land_some(group);
@@ -482,39 +518,46 @@ inline std::string describe_waits(ThreadState* const* threads, int n, const bool
         const std::uintptr_t address = s.wait_address.load(std::memory_order_relaxed);
         const long value = s.wait_value.load(std::memory_order_relaxed);
         switch (Wait(s.wait_kind.load(std::memory_order_acquire))) {
-            case Wait::block_barrier: return "__syncthreads()";
-            case Wait::warp_barrier: return "a warp barrier (__syncwarp, a shuffle, a warp-collective operation)";
-            case Wait::mbarrier: {
-                auto found = mbarriers.table.find(address);
-                const long offset = in_window(reinterpret_cast<void*>(address))
-                                        ? long(address - reinterpret_cast<std::uintptr_t>(shared_window())) : -1;
-                if (found == mbarriers.table.end()) {
-                    std::snprintf(text, sizeof text, "mbarrier at shared offset %ld, parity %ld", offset, value);
-                } else {
-                    MBarrier& b = found->second;
-                    std::snprintf(text, sizeof text,
-                                  "mbarrier at shared offset %ld, parity %ld (its phase %u: %u of %u arrivals and %lld bytes pending)",
-                                  offset, value, b.phase, b.pending, b.expected, b.tx);
-                }
-                return text;
+        case Wait::block_barrier: return "__syncthreads()";
+        case Wait::warp_barrier: return "a warp barrier (__syncwarp, a shuffle, a warp-collective operation)";
+        case Wait::mbarrier: {
+            auto found = mbarriers.table.find(address);
+            const long offset = in_window(reinterpret_cast<void*>(address))
+                                    ? long(address - reinterpret_cast<std::uintptr_t>(shared_window()))
+                                    : -1;
+            if (found == mbarriers.table.end()) {
+                std::snprintf(text, sizeof text, "mbarrier at shared offset %ld, parity %ld", offset, value);
+            } else {
+                MBarrier& b = found->second;
+                std::snprintf(
+                    text, sizeof text,
+                    "mbarrier at shared offset %ld, parity %ld (its phase %u: %u of %u arrivals and %lld bytes pending)",
+                    offset, value, b.phase, b.pending, b.expected, b.tx);
             }
-            case Wait::registers:
-                std::snprintf(text, sizeof text,
-                              "setmaxnreg.inc %ld: needs %lu more registers for its warp, the CTA's pool has %ld",
-                              value, (unsigned long)address, register_pool.free);
-                return text;
-            default: return "nothing (running)";
+            return text;
+        }
+        case Wait::registers:
+            std::snprintf(text, sizeof text,
+                          "setmaxnreg.inc %ld: needs %lu more registers for its warp, the CTA's pool has %ld", value,
+                          (unsigned long)address, register_pool.free);
+            return text;
+        default: return "nothing (running)";
         }
     };
     std::string out;
     for (int i = 0; i < n;) {
-        if (done[i]) { ++i; continue; }
+        if (done[i]) {
+            ++i;
+            continue;
+        }
         const std::string what = describe(*threads[i]);
         int j = i + 1;
         while (j < n && !done[j] && describe(*threads[j]) == what) ++j;
         char range[64];
-        if (j - i == 1) std::snprintf(range, sizeof range, "thread %d", i);
-        else std::snprintf(range, sizeof range, "threads %d-%d", i, j - 1);
+        if (j - i == 1)
+            std::snprintf(range, sizeof range, "thread %d", i);
+        else
+            std::snprintf(range, sizeof range, "threads %d-%d", i, j - 1);
         out += std::string(out.empty() ? "" : "; ") + range + ": " + what;
         i = j;
     }
@@ -530,7 +573,8 @@ template <class T, class SourceLane>
 inline T warp_exchange(unsigned mask, T value, SourceLane source_lane, const char* what) {
     static_assert(sizeof(T) <= kSlotBytes && std::is_trivially_copyable_v<T>, "shuffle of an unsupported type");
     const int lane = lane_id(), warp = warp_id();
-    if (!(mask >> lane & 1u)) faultf("%s: lane %d calls it with mask 0x%08x, which leaves the lane out", what, lane, mask);
+    if (!(mask >> lane & 1u))
+        faultf("%s: lane %d calls it with mask 0x%08x, which leaves the lane out", what, lane, mask);
     std::memcpy(launch.slots[warp][lane], &value, sizeof(T));
     warp_barrier();  // every lane has parked its value
     T out = value;
@@ -555,30 +599,41 @@ inline T warp_exchange(unsigned mask, T value, SourceLane source_lane, const cha
 inline void __syncthreads() { ::emu::block_barrier(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
     if (!(mask >> ::emu::lane_id() & 1u))
-        ::emu::faultf("__syncwarp: lane %d calls it with mask 0x%08x, which leaves the lane out", ::emu::lane_id(), mask);
+        ::emu::faultf("__syncwarp: lane %d calls it with mask 0x%08x, which leaves the lane out", ::emu::lane_id(),
+                      mask);
     ::emu::warp_barrier();
 }
 
 template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
-    return ::emu::warp_exchange(mask, v, [&](int lane) { return (lane / width) * width + (src % width); }, "__shfl_sync");
+    return ::emu::warp_exchange(
+        mask, v, [&](int lane) { return (lane / width) * width + (src % width); }, "__shfl_sync");
 }
 template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
-    return ::emu::warp_exchange(mask, v, [&](int lane) {
-        const int other = lane ^ lane_mask;
-        return (other / width == lane / width) ? other : lane;
-    }, "__shfl_xor_sync");
+    return ::emu::warp_exchange(
+        mask, v,
+        [&](int lane) {
+            const int other = lane ^ lane_mask;
+            return (other / width == lane / width) ? other : lane;
+        },
+        "__shfl_xor_sync");
 }
 template <class T> inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-    return ::emu::warp_exchange(mask, v, [&](int lane) {
-        const int other = lane + int(delta);
-        return (other / width == lane / width) ? other : lane;
-    }, "__shfl_down_sync");
+    return ::emu::warp_exchange(
+        mask, v,
+        [&](int lane) {
+            const int other = lane + int(delta);
+            return (other / width == lane / width) ? other : lane;
+        },
+        "__shfl_down_sync");
 }
 template <class T> inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-    return ::emu::warp_exchange(mask, v, [&](int lane) {
-        const int other = lane - int(delta);
-        return (other >= 0 && other / width == lane / width) ? other : lane;
-    }, "__shfl_up_sync");
+    return ::emu::warp_exchange(
+        mask, v,
+        [&](int lane) {
+            const int other = lane - int(delta);
+            return (other >= 0 && other / width == lane / width) ? other : lane;
+        },
+        "__shfl_up_sync");
 }
 
 // ---- the block scheduler ----------------------------------------------------------------------------
@@ -664,11 +719,16 @@ struct Stacks {
         const size_t page = size_t(sysconf(_SC_PAGESIZE));
         bytes = size_t(n) * (kStackBytes + page);
         base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (base == MAP_FAILED) { base = nullptr; return; }
+        if (base == MAP_FAILED) {
+            base = nullptr;
+            return;
+        }
         for (int i = 0; i < n; ++i)  // a guard page under each stack: an overflow faults, never corrupts
             mprotect(static_cast<char*>(base) + size_t(i) * (kStackBytes + page), page, PROT_NONE);
     }
-    ~Stacks() { if (base) munmap(base, bytes); }
+    ~Stacks() {
+        if (base) munmap(base, bytes);
+    }
     char* stack(int i) const {
         const size_t page = size_t(sysconf(_SC_PAGESIZE));
         return static_cast<char*>(base) + size_t(i) * (kStackBytes + page) + page;
@@ -696,96 +756,98 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
     launch.block_dim = block;
     const char* error = nullptr;
     for (unsigned bz = 0; bz < grid.z && !error; ++bz)
-    for (unsigned by = 0; by < grid.y && !error; ++by)
-    for (unsigned bx = 0; bx < grid.x && !error; ++bx) {
-        launch.block = {bx, by, bz};
-        reset_block_state(n);
-        for (int i = 0; i < n; ++i) {
-            Fiber& f = fibers[i];
-            f.reset(i, block, (unsigned long long)(bz * grid.y + by) * grid.x + bx);
-            f.park = Park::runnable;
-            f.started = false;
-            getcontext(&f.context);
-            f.context.uc_stack.ss_sp = stacks.stack(i);
-            f.context.uc_stack.ss_size = kStackBytes;
-            f.context.uc_link = nullptr;
-            makecontext(&f.context, reinterpret_cast<void (*)()>(fiber_main), 0);
-        }
-        bool waited = false;  // the previous round resumed yielded fibers only
-        for (;;) {
-            const unsigned long changes = mbarriers.changes.load(std::memory_order_relaxed);
-            bool moved = false;  // a fiber got past a wait, or ran from a barrier
-            for (int i = 0; i < n && !fiber_run.faulted; ++i)
-                if (fibers[i].park == Park::runnable) {
-                    resume(fibers[i]);
-                    if (fibers[i].park != Park::yielded || !waited) moved = true;
+        for (unsigned by = 0; by < grid.y && !error; ++by)
+            for (unsigned bx = 0; bx < grid.x && !error; ++bx) {
+                launch.block = {bx, by, bz};
+                reset_block_state(n);
+                for (int i = 0; i < n; ++i) {
+                    Fiber& f = fibers[i];
+                    f.reset(i, block, (unsigned long long)(bz * grid.y + by) * grid.x + bx);
+                    f.park = Park::runnable;
+                    f.started = false;
+                    getcontext(&f.context);
+                    f.context.uc_stack.ss_sp = stacks.stack(i);
+                    f.context.uc_stack.ss_size = kStackBytes;
+                    f.context.uc_link = nullptr;
+                    makecontext(&f.context, reinterpret_cast<void (*)()>(fiber_main), 0);
                 }
-            if (fiber_run.faulted) {
-                error = fiber_run.fault;
-                break;
-            }
-            waited = false;
-            // Everyone is parked or done. Release whole warps waiting at a warp barrier first,
-            // then the block barrier once every live thread has reached it.
-            bool live = false, released = false, all_at_block = true;
-            for (int w = 0; w * kWarpSize < n; ++w) {
-                bool any = false, all = true;
-                for (int i = w * kWarpSize; i < std::min(n, (w + 1) * kWarpSize); ++i) {
-                    if (fibers[i].park == Park::done) continue;
-                    any = true;
-                    if (fibers[i].park != Park::warp_barrier) all = false;
-                }
-                if (any && all) {
-                    for (int i = w * kWarpSize; i < std::min(n, (w + 1) * kWarpSize); ++i)
-                        if (fibers[i].park == Park::warp_barrier) fibers[i].park = Park::runnable;
-                    released = true;
-                }
-            }
-            if (released) {
-                // Threads waiting on an mbarrier test it again in the same round, before the
-                // released warps go on: a producer that the consumers just released runs
-                // between their arrive and their next instruction, as it may on the GPU.
-                for (int i = 0; i < n; ++i)
-                    if (fibers[i].park == Park::yielded) fibers[i].park = Park::runnable;
-                continue;
-            }
-            bool yielded = false;
-            for (int i = 0; i < n; ++i) yielded = yielded || fibers[i].park == Park::yielded;
-            if (yielded) {
-                if (!moved && changes == mbarriers.changes.load(std::memory_order_relaxed)) {
-                    // Nothing moved: copies still in flight may be what the waits wait for.
-                    bool landed = false;
-                    for (int i = 0; i < n; ++i) landed = async_finish(fibers[i]) || landed;
-                    if (!landed) {
-                        error_text = deadlock_report(fibers, n,
-                            "deadlock: threads wait on an mbarrier phase (or registers) that no arrival, copy or release can complete");
+                bool waited = false;  // the previous round resumed yielded fibers only
+                for (;;) {
+                    const unsigned long changes = mbarriers.changes.load(std::memory_order_relaxed);
+                    bool moved = false;  // a fiber got past a wait, or ran from a barrier
+                    for (int i = 0; i < n && !fiber_run.faulted; ++i)
+                        if (fibers[i].park == Park::runnable) {
+                            resume(fibers[i]);
+                            if (fibers[i].park != Park::yielded || !waited) moved = true;
+                        }
+                    if (fiber_run.faulted) {
+                        error = fiber_run.fault;
+                        break;
+                    }
+                    waited = false;
+                    // Everyone is parked or done. Release whole warps waiting at a warp barrier first,
+                    // then the block barrier once every live thread has reached it.
+                    bool live = false, released = false, all_at_block = true;
+                    for (int w = 0; w * kWarpSize < n; ++w) {
+                        bool any = false, all = true;
+                        for (int i = w * kWarpSize; i < std::min(n, (w + 1) * kWarpSize); ++i) {
+                            if (fibers[i].park == Park::done) continue;
+                            any = true;
+                            if (fibers[i].park != Park::warp_barrier) all = false;
+                        }
+                        if (any && all) {
+                            for (int i = w * kWarpSize; i < std::min(n, (w + 1) * kWarpSize); ++i)
+                                if (fibers[i].park == Park::warp_barrier) fibers[i].park = Park::runnable;
+                            released = true;
+                        }
+                    }
+                    if (released) {
+                        // Threads waiting on an mbarrier test it again in the same round, before the
+                        // released warps go on: a producer that the consumers just released runs
+                        // between their arrive and their next instruction, as it may on the GPU.
+                        for (int i = 0; i < n; ++i)
+                            if (fibers[i].park == Park::yielded) fibers[i].park = Park::runnable;
+                        continue;
+                    }
+                    bool yielded = false;
+                    for (int i = 0; i < n; ++i) yielded = yielded || fibers[i].park == Park::yielded;
+                    if (yielded) {
+                        if (!moved && changes == mbarriers.changes.load(std::memory_order_relaxed)) {
+                            // Nothing moved: copies still in flight may be what the waits wait for.
+                            bool landed = false;
+                            for (int i = 0; i < n; ++i) landed = async_finish(fibers[i]) || landed;
+                            if (!landed) {
+                                error_text = deadlock_report(
+                                    fibers, n,
+                                    "deadlock: threads wait on an mbarrier phase (or registers) that no arrival, copy or release can complete");
+                                error = error_text.c_str();
+                                break;
+                            }
+                        }
+                        for (int i = 0; i < n; ++i)
+                            if (fibers[i].park == Park::yielded) fibers[i].park = Park::runnable;
+                        waited = true;
+                        continue;
+                    }
+                    for (int i = 0; i < n; ++i) {
+                        if (fibers[i].park == Park::done) continue;
+                        live = true;
+                        if (fibers[i].park != Park::block_barrier) all_at_block = false;
+                    }
+                    if (!live) break;
+                    if (!all_at_block) {
+                        error_text = deadlock_report(
+                            fibers, n,
+                            "deadlock: some threads wait at __syncthreads() while others wait at a warp-level "
+                            "barrier (__syncwarp, a shuffle or a WMMA call) that their warp can never complete");
                         error = error_text.c_str();
                         break;
                     }
+                    changed();
+                    for (int i = 0; i < n; ++i)
+                        if (fibers[i].park == Park::block_barrier) fibers[i].park = Park::runnable;
                 }
-                for (int i = 0; i < n; ++i)
-                    if (fibers[i].park == Park::yielded) fibers[i].park = Park::runnable;
-                waited = true;
-                continue;
             }
-            for (int i = 0; i < n; ++i) {
-                if (fibers[i].park == Park::done) continue;
-                live = true;
-                if (fibers[i].park != Park::block_barrier) all_at_block = false;
-            }
-            if (!live) break;
-            if (!all_at_block) {
-                error_text = deadlock_report(fibers, n,
-                    "deadlock: some threads wait at __syncthreads() while others wait at a warp-level "
-                    "barrier (__syncwarp, a shuffle or a WMMA call) that their warp can never complete");
-                error = error_text.c_str();
-                break;
-            }
-            changed();
-            for (int i = 0; i < n; ++i)
-                if (fibers[i].park == Park::block_barrier) fibers[i].park = Park::runnable;
-        }
-    }
     self = nullptr;
     delete[] fibers;
     return error;
@@ -800,7 +862,10 @@ struct Barrier {
     std::condition_variable cv;
     int expected = 0, arrived = 0;
     unsigned long generation = 0;
-    void reset(int n) { expected = n; arrived = 0; }
+    void reset(int n) {
+        expected = n;
+        arrived = 0;
+    }
     void arrive_and_wait() {
         std::unique_lock<std::mutex> lock(mutex);
         const unsigned long mine = generation;
@@ -860,54 +925,57 @@ inline const char* run_grid(Invoke invoke, void** args, dim3 grid, dim3 block) {
     std::vector<ThreadState> states(n);
     const double patience = watchdog_seconds();
     for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
-        launch.block = {bx, by, bz};
-        reset_block_state(n);
-        threads_run.block.reset(n);
-        for (int w = 0; w * kWarpSize < n; ++w) threads_run.warps[w].reset(std::min(kWarpSize, n - w * kWarpSize));
-        std::unique_ptr<std::atomic<bool>[]> finished(new std::atomic<bool>[n]);
-        std::vector<std::thread> threads;
-        threads.reserve(n);
-        for (int i = 0; i < n; ++i) {
-            ThreadState& s = states[i];
-            s.reset(i, block, (unsigned long long)(bz * grid.y + by) * grid.x + bx);
-            finished[i] = false;
-            threads.emplace_back([&s, &finished, i, invoke, args] {
-                self = &s;
-                invoke(args);
-                async_finish(s);
-                s.waiting(Wait::none);
-                threads_run.warps[s.warp].drop();
-                threads_run.block.drop();
-                changed();
-                finished[i].store(true, std::memory_order_release);
-            });
-        }
-        // The watchdog: a block whose threads made no progress for `patience` seconds is stuck.
-        auto last_change = std::chrono::steady_clock::now();
-        unsigned long last = mbarriers.changes.load();
-        for (;;) {
-            bool all = true;
-            for (int i = 0; i < n && all; ++i) all = finished[i].load(std::memory_order_acquire);
-            if (all) break;
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            const unsigned long now_changes = mbarriers.changes.load();
-            const auto now = std::chrono::steady_clock::now();
-            if (now_changes != last) {
-                last = now_changes, last_change = now;
-            } else if (std::chrono::duration<double>(now - last_change).count() > patience) {
-                std::vector<ThreadState*> pointers(n);
-                std::unique_ptr<bool[]> done(new bool[n]);
-                for (int i = 0; i < n; ++i) pointers[i] = &states[i], done[i] = finished[i].load();
-                std::fprintf(stderr, "launch failed: deadlock: no thread of block (%u, %u, %u) made progress for %.0f s. Waiting: %s\n",
-                             bx, by, bz, patience, describe_waits(pointers.data(), n, done.get()).c_str());
-                std::fflush(stderr);
-                std::_Exit(3);  // the stuck threads cannot be joined
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                launch.block = {bx, by, bz};
+                reset_block_state(n);
+                threads_run.block.reset(n);
+                for (int w = 0; w * kWarpSize < n; ++w)
+                    threads_run.warps[w].reset(std::min(kWarpSize, n - w * kWarpSize));
+                std::unique_ptr<std::atomic<bool>[]> finished(new std::atomic<bool>[n]);
+                std::vector<std::thread> threads;
+                threads.reserve(n);
+                for (int i = 0; i < n; ++i) {
+                    ThreadState& s = states[i];
+                    s.reset(i, block, (unsigned long long)(bz * grid.y + by) * grid.x + bx);
+                    finished[i] = false;
+                    threads.emplace_back([&s, &finished, i, invoke, args] {
+                        self = &s;
+                        invoke(args);
+                        async_finish(s);
+                        s.waiting(Wait::none);
+                        threads_run.warps[s.warp].drop();
+                        threads_run.block.drop();
+                        changed();
+                        finished[i].store(true, std::memory_order_release);
+                    });
+                }
+                // The watchdog: a block whose threads made no progress for `patience` seconds is stuck.
+                auto last_change = std::chrono::steady_clock::now();
+                unsigned long last = mbarriers.changes.load();
+                for (;;) {
+                    bool all = true;
+                    for (int i = 0; i < n && all; ++i) all = finished[i].load(std::memory_order_acquire);
+                    if (all) break;
+                    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                    const unsigned long now_changes = mbarriers.changes.load();
+                    const auto now = std::chrono::steady_clock::now();
+                    if (now_changes != last) {
+                        last = now_changes, last_change = now;
+                    } else if (std::chrono::duration<double>(now - last_change).count() > patience) {
+                        std::vector<ThreadState*> pointers(n);
+                        std::unique_ptr<bool[]> done(new bool[n]);
+                        for (int i = 0; i < n; ++i) pointers[i] = &states[i], done[i] = finished[i].load();
+                        std::fprintf(
+                            stderr,
+                            "launch failed: deadlock: no thread of block (%u, %u, %u) made progress for %.0f s. Waiting: %s\n",
+                            bx, by, bz, patience, describe_waits(pointers.data(), n, done.get()).c_str());
+                        std::fflush(stderr);
+                        std::_Exit(3);  // the stuck threads cannot be joined
+                    }
+                }
+                for (auto& t : threads) t.join();
             }
-        }
-        for (auto& t : threads) t.join();
-    }
     self = nullptr;
     return nullptr;
 }

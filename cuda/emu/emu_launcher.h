@@ -23,13 +23,20 @@
 namespace emu {
 
 template <class T> constexpr char signature_char() {
-    if constexpr (std::is_pointer_v<T>) return 'P';
-    else if constexpr (std::is_same_v<T, int>) return 'i';
-    else if constexpr (std::is_same_v<T, unsigned>) return 'I';
-    else if constexpr (std::is_same_v<T, float>) return 'f';
-    else if constexpr (std::is_same_v<T, long long>) return 'q';
-    else if constexpr (std::is_same_v<T, TensorMapBytes>) return 'T';  // a CUtensorMap, 128 bytes by value
-    else return '?';
+    if constexpr (std::is_pointer_v<T>)
+        return 'P';
+    else if constexpr (std::is_same_v<T, int>)
+        return 'i';
+    else if constexpr (std::is_same_v<T, unsigned>)
+        return 'I';
+    else if constexpr (std::is_same_v<T, float>)
+        return 'f';
+    else if constexpr (std::is_same_v<T, long long>)
+        return 'q';
+    else if constexpr (std::is_same_v<T, TensorMapBytes>)
+        return 'T';  // a CUtensorMap, 128 bytes by value
+    else
+        return '?';
 }
 
 template <class... P> struct Signature {
@@ -38,8 +45,7 @@ template <class... P> struct Signature {
 
 template <class... P> constexpr const char* signature_of(void (*)(P...)) { return Signature<P...>::text; }
 
-template <class... P, size_t... I>
-void invoke_with(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
+template <class... P, size_t... I> void invoke_with(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
     kernel(*static_cast<std::remove_cv_t<P>*>(args[I])...);
 }
 template <class... P> void invoke(void (*kernel)(P...), void** args) {
@@ -56,17 +62,17 @@ inline std::mutex launch_mutex;  // `__shared__` statics and the launch state ar
 
 }  // namespace emu
 
-#define EMU_KERNEL(name) \
+#define EMU_KERNEL(name)                                                                                               \
     ::emu::KernelEntry{#name, [](void** args) { ::emu::invoke(&name, args); }, ::emu::signature_of(&name)},
 
-#define EMU_KERNELS(...)                                                                          \
-    static const ::emu::KernelEntry emu_table[] = {__VA_ARGS__};                                  \
-    EMU_EXPORT int emu_kernel_count(void) { return int(sizeof(emu_table) / sizeof(emu_table[0])); } \
-    EMU_EXPORT const char* emu_kernel_name(int i) { return emu_table[i].name; }                   \
-    EMU_EXPORT const char* emu_kernel_signature(int i) { return emu_table[i].signature; }         \
-    EMU_EXPORT int emu_launch(int i, const unsigned grid[3], const unsigned block[3], void** args,  \
-                              char* error, int error_size) {                                      \
-        return ::emu::launch_checked(emu_table, emu_kernel_count(), i, grid, block, args, error, error_size); \
+#define EMU_KERNELS(...)                                                                                               \
+    static const ::emu::KernelEntry emu_table[] = {__VA_ARGS__};                                                       \
+    EMU_EXPORT int emu_kernel_count(void) { return int(sizeof(emu_table) / sizeof(emu_table[0])); }                    \
+    EMU_EXPORT const char* emu_kernel_name(int i) { return emu_table[i].name; }                                        \
+    EMU_EXPORT const char* emu_kernel_signature(int i) { return emu_table[i].signature; }                              \
+    EMU_EXPORT int emu_launch(int i, const unsigned grid[3], const unsigned block[3], void** args, char* error,        \
+                              int error_size) {                                                                        \
+        return ::emu::launch_checked(emu_table, emu_kernel_count(), i, grid, block, args, error, error_size);          \
     }
 
 namespace emu {
@@ -85,8 +91,8 @@ inline int launch_checked(const KernelEntry* table, int count, int i, const unsi
     if (grid[1] > 65535 || grid[2] > 65535) return fail("gridDim.y and gridDim.z must be <= 65535");
     std::lock_guard<std::mutex> lock(launch_mutex);
     if (const char* why = read_async_policy()) return fail(why);
-    const char* message = run_grid(table[i].invoke, args, dim3(grid[0], grid[1], grid[2]),
-                                   dim3(block[0], block[1], block[2]));
+    const char* message =
+        run_grid(table[i].invoke, args, dim3(grid[0], grid[1], grid[2]), dim3(block[0], block[1], block[2]));
     return message ? fail(message) : 0;
 }
 

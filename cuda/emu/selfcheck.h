@@ -28,13 +28,17 @@ int main(int argc, char** argv) {
     }
     int M = std::atoi(argv[2]), N = std::atoi(argv[3]), K = std::atoi(argv[4]);
     const unsigned grid[3] = {unsigned(std::atoi(argv[5])), unsigned(std::atoi(argv[6])), unsigned(std::atoi(argv[7]))};
-    const unsigned block[3] = {unsigned(std::atoi(argv[8])), unsigned(std::atoi(argv[9])), unsigned(std::atoi(argv[10]))};
+    const unsigned block[3] = {unsigned(std::atoi(argv[8])), unsigned(std::atoi(argv[9])),
+                               unsigned(std::atoi(argv[10]))};
     if (M < 1 || N < 1 || K < 1) return 2;
     float* A = new float[size_t(M) * K];
     float* B = new float[size_t(K) * N];
     float* C = new float[size_t(M) * N];
     unsigned state = 12345u;
-    auto next = [&] { state = state * 1664525u + 1013904223u; return float(state >> 8) / float(1u << 24) * 2.f - 1.f; };
+    auto next = [&] {
+        state = state * 1664525u + 1013904223u;
+        return float(state >> 8) / float(1u << 24) * 2.f - 1.f;
+    };
     for (size_t i = 0; i < size_t(M) * K; ++i) A[i] = next();
     for (size_t i = 0; i < size_t(K) * N; ++i) B[i] = next();
     void* args[] = {&A, &B, &C, &M, &N, &K};

@@ -28,13 +28,15 @@ template <> struct Codec<__nv_bfloat16> {
     static constexpr double relative = 1.0 / 128;
 };
 
-template <class T>
-int run(int index, int N, int K, const unsigned grid[3], const unsigned block[3]) {
+template <class T> int run(int index, int N, int K, const unsigned grid[3], const unsigned block[3]) {
     T* W = new T[size_t(N) * K];
     T* x = new T[size_t(K)];
     T* y = new T[size_t(N)];
     unsigned state = 12345u;
-    auto next = [&] { state = state * 1664525u + 1013904223u; return float(state >> 8) / float(1u << 24) * 2.f - 1.f; };
+    auto next = [&] {
+        state = state * 1664525u + 1013904223u;
+        return float(state >> 8) / float(1u << 24) * 2.f - 1.f;
+    };
     for (size_t i = 0; i < size_t(N) * K; ++i) W[i] = Codec<T>::from(next());
     for (size_t i = 0; i < size_t(K); ++i) x[i] = Codec<T>::from(next());
     void* args[] = {&W, &x, &y, &N, &K};

@@ -28,13 +28,15 @@ template <> struct Codec<__half> {
     static double to(__half v) { return __half2float(v); }
 };
 
-template <class T>
-int run(int index, int M, int N, int K, const unsigned grid[3], const unsigned block[3]) {
+template <class T> int run(int index, int M, int N, int K, const unsigned grid[3], const unsigned block[3]) {
     T* A = new T[size_t(M) * K];
     T* B = new T[size_t(K) * N];
     T* C = new T[size_t(M) * N];
     unsigned state = 12345u;
-    auto next = [&] { state = state * 1664525u + 1013904223u; return float(state >> 8) / float(1u << 24) * 2.f - 1.f; };
+    auto next = [&] {
+        state = state * 1664525u + 1013904223u;
+        return float(state >> 8) / float(1u << 24) * 2.f - 1.f;
+    };
     for (size_t i = 0; i < size_t(M) * K; ++i) A[i] = Codec<T>::from(next());
     for (size_t i = 0; i < size_t(K) * N; ++i) B[i] = Codec<T>::from(next());
     void* args[] = {&A, &B, &C, &M, &N, &K};
@@ -77,7 +79,8 @@ int main(int argc, char** argv) {
     }
     const int M = std::atoi(argv[3]), N = std::atoi(argv[4]), K = std::atoi(argv[5]);
     const unsigned grid[3] = {unsigned(std::atoi(argv[6])), unsigned(std::atoi(argv[7])), unsigned(std::atoi(argv[8]))};
-    const unsigned block[3] = {unsigned(std::atoi(argv[9])), unsigned(std::atoi(argv[10])), unsigned(std::atoi(argv[11]))};
+    const unsigned block[3] = {unsigned(std::atoi(argv[9])), unsigned(std::atoi(argv[10])),
+                               unsigned(std::atoi(argv[11]))};
     if (M < 1 || N < 1 || K < 1) return 2;
     if (std::strcmp(argv[2], "bf16") == 0) return selfcheck::run<__nv_bfloat16>(index, M, N, K, grid, block);
     if (std::strcmp(argv[2], "f16") == 0) return selfcheck::run<__half>(index, M, N, K, grid, block);

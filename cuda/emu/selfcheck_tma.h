@@ -34,7 +34,8 @@ bool encode(::emu::TensorMapBytes& map, T* base, int rows, int cols, int pitch, 
     const unsigned long long dims[2] = {(unsigned long long)cols, (unsigned long long)rows};
     const unsigned long long strides[1] = {(unsigned long long)pitch * sizeof(T)};
     const unsigned box[2] = {box_cols, box_rows}, element_strides[2] = {1, 1};
-    return emu_tensor_map_encode_tiled(&map, Codec<T>::tma_type, 2, base, dims, strides, box, element_strides, 0, 3, 0, 0) == 0;
+    return emu_tensor_map_encode_tiled(&map, Codec<T>::tma_type, 2, base, dims, strides, box, element_strides, 0, 3, 0,
+                                       0) == 0;
 }
 
 template <class T>
@@ -44,7 +45,10 @@ int run(int index, int M, int N, int K, const unsigned grid[3], const unsigned b
     T* B = new T[size_t(K) * ldb];
     T* C = new T[size_t(M) * N];
     unsigned state = 12345u;
-    auto next = [&] { state = state * 1664525u + 1013904223u; return float(state >> 8) / float(1u << 24) * 2.f - 1.f; };
+    auto next = [&] {
+        state = state * 1664525u + 1013904223u;
+        return float(state >> 8) / float(1u << 24) * 2.f - 1.f;
+    };
     for (size_t i = 0; i < size_t(M) * lda; ++i) A[i] = Codec<T>::from(int(i % lda) < K ? next() : 0.f);
     for (size_t i = 0; i < size_t(K) * ldb; ++i) B[i] = Codec<T>::from(int(i % ldb) < N ? next() : 0.f);
     ::emu::TensorMapBytes a_map, b_map;
@@ -80,7 +84,8 @@ int run(int index, int M, int N, int K, const unsigned grid[3], const unsigned b
 
 int main(int argc, char** argv) {
     if (argc != 12) {
-        std::fprintf(stderr, "usage: %s KERNEL bf16|f16 M N K GRID_X BLOCK_X A_BOX_ROWS A_BOX_COLS B_BOX_ROWS B_BOX_COLS\n",
+        std::fprintf(stderr,
+                     "usage: %s KERNEL bf16|f16 M N K GRID_X BLOCK_X A_BOX_ROWS A_BOX_COLS B_BOX_ROWS B_BOX_COLS\n",
                      argv[0]);
         return 2;
     }
@@ -93,8 +98,8 @@ int main(int argc, char** argv) {
     }
     const int M = std::atoi(argv[3]), N = std::atoi(argv[4]), K = std::atoi(argv[5]);
     const unsigned grid[3] = {unsigned(std::atoi(argv[6])), 1, 1}, block[3] = {unsigned(std::atoi(argv[7])), 1, 1};
-    const unsigned boxes[4] = {unsigned(std::atoi(argv[8])), unsigned(std::atoi(argv[9])), unsigned(std::atoi(argv[10])),
-                               unsigned(std::atoi(argv[11]))};
+    const unsigned boxes[4] = {unsigned(std::atoi(argv[8])), unsigned(std::atoi(argv[9])),
+                               unsigned(std::atoi(argv[10])), unsigned(std::atoi(argv[11]))};
     if (M < 1 || N < 1 || K < 1) return 2;
     if (std::strcmp(argv[2], "bf16") == 0) return selfcheck::run<__nv_bfloat16>(index, M, N, K, grid, block, boxes);
     if (std::strcmp(argv[2], "f16") == 0) return selfcheck::run<__half>(index, M, N, K, grid, block, boxes);

@@ -25,7 +25,7 @@ inline float __half2float(__half h) {
         bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // normal: rebias 15 -> 127
     } else if (mantissa == 0) {
         bits = sign;  // +-0
-    } else {  // subnormal: mantissa * 2^-24, exact in float
+    } else {          // subnormal: mantissa * 2^-24, exact in float
         float f = static_cast<float>(mantissa) * 5.9604644775390625e-08f;
         std::memcpy(&bits, &f, 4);
         bits |= sign;

@@ -63,11 +63,11 @@ namespace hopper {
 struct EmulatedTensorMap {
     std::uint64_t magic;
     std::uint64_t address;
-    std::uint64_t dims[2];      // elements: columns (contiguous), rows
-    std::uint64_t pitch;        // bytes between rows
-    std::uint32_t box[2];       // elements: columns, rows
+    std::uint64_t dims[2];  // elements: columns (contiguous), rows
+    std::uint64_t pitch;    // bytes between rows
+    std::uint32_t box[2];   // elements: columns, rows
     std::uint32_t element_bytes;
-    std::uint32_t swizzle;      // CUtensorMapSwizzle: 0 none, 1 32B, 2 64B, 3 128B
+    std::uint32_t swizzle;  // CUtensorMapSwizzle: 0 none, 1 32B, 2 64B, 3 128B
 };
 static_assert(sizeof(EmulatedTensorMap) <= sizeof(TensorMap), "the stand-in must fit in a CUtensorMap");
 constexpr std::uint64_t kTensorMapMagic = 0x54656e736f724d31ull;  // "TensorM1"
@@ -164,11 +164,13 @@ inline std::uintptr_t element_address(const Descriptor& d, bool mn_major, int mn
     const unsigned span = swizzle_span_descriptor(d.mode);
     std::uintptr_t offset = d.start - reinterpret_cast<std::uintptr_t>(window());
     if (span == 0) {  // interleaved: core matrices of 8 rows x 16 bytes
-        if (mn_major) offset += (mn % 8) * 2 + (mn / 8) * d.sbo + (k % 8) * 16 + (k / 8) * d.lbo;
-        else offset += (mn % 8) * 16 + (mn / 8) * d.sbo + (k % 8) * 2 + (k / 8) * d.lbo;
+        if (mn_major)
+            offset += (mn % 8) * 2 + (mn / 8) * d.sbo + (k % 8) * 16 + (k / 8) * d.lbo;
+        else
+            offset += (mn % 8) * 16 + (mn / 8) * d.sbo + (k % 8) * 2 + (k / 8) * d.lbo;
     } else if (mn_major) {  // rows of span bytes along MN, 8 k rows per pattern
         offset += (k % 8) * span + (k / 8) * d.sbo + (mn % (span / 2)) * 2 + (mn / (span / 2)) * d.lbo;
-    } else {                // rows of span bytes along K (16 k = 32 bytes fit), 8 rows per pattern
+    } else {  // rows of span bytes along K (16 k = 32 bytes fit), 8 rows per pattern
         offset += (mn % 8) * span + (mn / 8) * d.sbo + k * 2;
     }
     offset = swizzle(offset, span);
@@ -180,8 +182,7 @@ inline float widen(unsigned short bits, const __nv_bfloat16*) { return __bfloat1
 inline float widen(unsigned short bits, const __half*) { return __half2float(__ushort_as_half(bits)); }
 
 // wgmma reads through the async proxy: its view of the window (cuda_emu.h).
-template <class T>
-inline float operand(const Descriptor& d, bool mn_major, int mn, int k) {
+template <class T> inline float operand(const Descriptor& d, bool mn_major, int mn, int k) {
     unsigned short bits;
     const std::uintptr_t offset = element_address(d, mn_major, mn, k) - reinterpret_cast<std::uintptr_t>(window());
     std::memcpy(&bits, ::emu::async_view() + offset, 2);
@@ -330,8 +331,7 @@ inline bool mbarrier_try_wait_parity(smem_t bar, unsigned parity) {
 #endif
 }
 inline void mbarrier_wait_parity(smem_t bar, unsigned parity) {
-    while (!mbarrier_try_wait_parity(bar, parity)) {
-    }
+    while (!mbarrier_try_wait_parity(bar, parity)) {}
 }
 
 // The generic proxy's shared memory becomes the async proxy's (cuda_emu.h). Not instrumented for
@@ -386,8 +386,7 @@ inline void tma_load_2d(smem_t dst, const TensorMap* map, int x, int y, smem_t b
 
 // Lane 0 of each warp checks the request and moves the warp's registers through the pool; the
 // warp goes on together once it has them.
-template <int N>
-inline void setmaxnreg(bool increase) {
+template <int N> inline void setmaxnreg(bool increase) {
     static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
     if (::emu::lane_id() == 0) {
         const int warp = ::emu::warp_id(), group = warp / 4, w = warp % 4;
@@ -397,7 +396,8 @@ inline void setmaxnreg(bool increase) {
         if (index < 16) {
             pool.value[group][w][index] = increase ? N : -N;
             for (int other = 0; other < 4; ++other)
-                if (other != w && pool.count[group][other] > index && pool.value[group][other][index] != pool.value[group][w][index])
+                if (other != w && pool.count[group][other] > index &&
+                    pool.value[group][other][index] != pool.value[group][w][index])
                     ::emu::fault("setmaxnreg: the warps of a warp group asked for different register counts");
         }
         const int current = pool.per_thread[warp];
@@ -454,10 +454,11 @@ inline void wgmma_m64n256k16_f16(float (&d)[128], unsigned long long a_desc, uns
 
 // cuTensorMapEncodeTiled's interface, for the emulated TMA: the harness calls it with the
 // arguments it gives the driver on a GPU. Returns 0 (CUDA_SUCCESS) or 1 (CUDA_ERROR_INVALID_VALUE).
-extern "C" __attribute__((visibility("default"))) int emu_tensor_map_encode_tiled(
-    void* tensor_map, int data_type, unsigned rank, void* address, const unsigned long long* dims,
-    const unsigned long long* strides, const unsigned* box, const unsigned* element_strides, int interleave,
-    int swizzle, int l2_promotion, int oob_fill) {
+extern "C" __attribute__((visibility("default"))) int
+emu_tensor_map_encode_tiled(void* tensor_map, int data_type, unsigned rank, void* address,
+                            const unsigned long long* dims, const unsigned long long* strides, const unsigned* box,
+                            const unsigned* element_strides, int interleave, int swizzle, int l2_promotion,
+                            int oob_fill) {
     (void)l2_promotion;  // a cache hint: nothing to emulate
     // CUtensorMapDataType: UINT8 0, UINT16 1, UINT32 2, INT32 3, UINT64 4, INT64 5, FLOAT16 6,
     // FLOAT32 7, FLOAT64 8, BFLOAT16 9.

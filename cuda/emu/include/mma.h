@@ -28,13 +28,18 @@ inline float to_float(float v) { return v; }
 inline float to_float(__half v) { return __half2float(v); }
 inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <class Use, int M, int N, int K> struct dims;
-template <int M, int N, int K> struct dims<matrix_a, M, N, K> { static constexpr int rows = M, cols = K; };
-template <int M, int N, int K> struct dims<matrix_b, M, N, K> { static constexpr int rows = K, cols = N; };
-template <int M, int N, int K> struct dims<accumulator, M, N, K> { static constexpr int rows = M, cols = N; };
+template <int M, int N, int K> struct dims<matrix_a, M, N, K> {
+    static constexpr int rows = M, cols = K;
+};
+template <int M, int N, int K> struct dims<matrix_b, M, N, K> {
+    static constexpr int rows = K, cols = N;
+};
+template <int M, int N, int K> struct dims<accumulator, M, N, K> {
+    static constexpr int rows = M, cols = N;
+};
 }  // namespace detail
 
-template <class Use, int M, int N, int K, class T, class Layout = void>
-struct fragment {
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
     static constexpr int rows = detail::dims<Use, M, N, K>::rows;
     static constexpr int cols = detail::dims<Use, M, N, K>::cols;
     static constexpr int num_elements = rows * cols;

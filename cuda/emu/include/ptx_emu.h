@@ -45,8 +45,7 @@ inline unsigned short element16(smem_t row_address, int column) {
 
 // ldmatrix .x<COUNT> [.trans]: register i of lane l from matrix i, whose row j is at the
 // address lane 8 i + j gave.
-template <int COUNT, bool TRANS>
-inline void ldmatrix(unsigned* r, smem_t address) {
+template <int COUNT, bool TRANS> inline void ldmatrix(unsigned* r, smem_t address) {
     const int lane = ::emu::lane_id();
     WarpExchange& x = exchange[::emu::warp_id()];
     x.address[lane] = address;
@@ -60,7 +59,7 @@ inline void ldmatrix(unsigned* r, smem_t address) {
         if (TRANS) {  // elements (2t, g) and (2t + 1, g) of matrix i
             lo = element16(x.address[8 * i + 2 * t], g);
             hi = element16(x.address[8 * i + 2 * t + 1], g);
-        } else {      // elements (g, 2t) and (g, 2t + 1)
+        } else {  // elements (g, 2t) and (g, 2t + 1)
             lo = element16(x.address[8 * i + g], 2 * t);
             hi = element16(x.address[8 * i + g], 2 * t + 1);
         }
@@ -92,11 +91,11 @@ inline void mma_m16n8k16(float (&d)[4], const unsigned (&a)[4], const unsigned (
         float A[16][16], B[16][8], C[16][8];
         for (int l = 0; l < 32; ++l) {
             for (int i = 0; i < 8; ++i)
-                A[a_row(l, i)][a_col(l, i)] = widen(static_cast<unsigned short>(x.a[l][i / 2] >> (16 * (i % 2))),
-                                                    static_cast<const T*>(nullptr));
+                A[a_row(l, i)][a_col(l, i)] =
+                    widen(static_cast<unsigned short>(x.a[l][i / 2] >> (16 * (i % 2))), static_cast<const T*>(nullptr));
             for (int i = 0; i < 4; ++i)
-                B[b_row(l, i)][b_col(l, i)] = widen(static_cast<unsigned short>(x.b[l][i / 2] >> (16 * (i % 2))),
-                                                    static_cast<const T*>(nullptr));
+                B[b_row(l, i)][b_col(l, i)] =
+                    widen(static_cast<unsigned short>(x.b[l][i / 2] >> (16 * (i % 2))), static_cast<const T*>(nullptr));
             for (int i = 0; i < 4; ++i) C[c_row(l, i)][c_col(l, i)] = x.c[l][i];
         }
         // Products of 16-bit inputs are exact in FP32; sums in FP32, k in order.
@@ -176,8 +175,7 @@ inline void cp_async_commit_group() {
     s.async_open.clear();
     ::emu::async_progress(s, false);
 }
-template <int N>
-inline void cp_async_wait_group() {
+template <int N> inline void cp_async_wait_group() {
     static_assert(N >= 0, "cp.async.wait_group takes a non-negative count");
     ::emu::async_wait(*::emu::self, size_t(N));
 }
