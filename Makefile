@@ -6,10 +6,11 @@ C_SOURCES := $(wildcard c/*.c c/*.h)
 CUDA_SOURCES := $(wildcard cuda/*.cu cuda/*.h cuda/emu/*.h cuda/emu/include/*.h)
 GPU_OUT ?= gpu-out
 
-.PHONY: help test bench lint format gpu-check compare
+.PHONY: help test test-all bench lint format gpu-check compare
 
 help:
-	@echo "make test       the test suite (about 18 minutes on 2 cores)"
+	@echo "make test       the fast tier: what a contributor runs (about 5 minutes on 2 cores)"
+	@echo "make test-all   the fast tier, then the full tier (sanitizers, builds, mutants, wheel)"
 	@echo "make bench      the pytest-benchmark suite at its default shapes"
 	@echo "make compare    the main comparison table (128, 256 and 1024 cubed)"
 	@echo "make lint       ruff (lint and format check) and clang-format, as CI runs them"
@@ -18,6 +19,9 @@ help:
 
 test:
 	$(PYTHON) -m pytest
+
+test-all: test
+	$(PYTHON) -m pytest -m slow
 
 bench:
 	$(PYTHON) -m pytest --benchmark-only

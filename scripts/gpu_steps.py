@@ -32,6 +32,7 @@ stand in a hang or a fault when it reaches that implementation.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -119,6 +120,10 @@ def stand_in(name: str) -> None:
 
 
 PARENT_ENV = "GPU_STEPS_PARENT"
+# The tests step runs the tests it names, whatever their tier (-m ""), one at a time on the one
+# GPU, each under its own timeout: never in pytest-xdist workers, which the repository's addopts
+# (-n auto) would otherwise start.
+SERIAL = ["-m", ""] + (["-n", "0"] if importlib.util.find_spec("xdist") else [])
 
 
 def run_child(command: list[str], timeout: float, log: Path) -> tuple[str, int | None]:
@@ -598,12 +603,13 @@ def main(argv: list[str]) -> int:
         )
     if argv and argv[0] == "_collect":
         collector = Collector()
-        pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *argv[1:]], plugins=[collector])
+        pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *SERIAL, *argv[1:]], plugins=[collector])
         print("".join(f"ID {test_id}\n" for test_id in collector.ids))
         return 0
     if argv and argv[0] == "_pytest":
         return pytest.main(
-            ["-q", "-p", "no:cacheprovider", *argv[3:]], plugins=[TimeoutPlugin(Path(argv[1]), float(argv[2]))]
+            ["-q", "-p", "no:cacheprovider", *SERIAL, *argv[3:]],
+            plugins=[TimeoutPlugin(Path(argv[1]), float(argv[2]))],
         )
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

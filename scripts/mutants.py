@@ -536,6 +536,10 @@ def run_tests(copy: Path, tests: tuple, timeout: float) -> Outcome:
         "no:randomly",
         "-p",
         "no:cacheprovider",
+        "-n",
+        "0",  # a few tests each: starting xdist workers would cost more than it saves
+        "-m",
+        "",  # the tests named run whatever their tier (the sanitizer runs are in the full one)
         *tests,
     ]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

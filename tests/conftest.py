@@ -55,6 +55,22 @@ def _no_process_outlives_its_test():
         pytest.fail(f"the test left {len(left)} process(es) running (now killed): {listing}", pytrace=False)
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): one worker per core, but none when benchmarks are timed
+    (pytest-benchmark times nothing under xdist) or when there is a single core."""
+    if config.getoption("benchmark_only", False) or config.getoption("benchmark_enable", False):
+        return 0
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return count if count > 1 else 0
+
+
+def pytest_sessionstart(session):
+    # A pytest that a test starts (a guide's command, the C tests in another build) is a run of
+    # its own, not one more xdist worker: the worker's variables, read by now, are not passed on.
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        os.environ.pop(name, None)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     # A mark of this pytest process's own (a pytest run inside a test, or an xdist worker, gets

@@ -110,6 +110,8 @@ def test_c_tests_pass_in_the_build_for(level):
             "no:cacheprovider",
             "-p",
             "no:randomly",
+            "-n",
+            "0",  # one process: this test's own worker already shares the cores
             *[str(root / "tests" / name) for name in C_TESTS],
         ],
         cwd=root,

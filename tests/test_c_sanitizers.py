@@ -56,7 +56,21 @@ def test_c_tests_under_address_and_undefined_behaviour_sanitizers():
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-s", "-p", "no:cacheprovider", "-p", "no:randomly", *tests],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "-n",
+            "0",
+            *tests,
+        ],
         cwd=root,
         env=env,
         capture_output=True,

@@ -27,9 +27,12 @@ from code_edits import replace_code
 from harness.backends.cuda import emulation, plans
 from harness.sources import source_path
 
-pytestmark = pytest.mark.skipif(
-    emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
+    ),
+]
 
 SHAPE = (32, 32, 40)  # 2 x 2 blocks of 256 threads, 3 phases along K (the last one partial)
 DRIVER = '#include "selfcheck.h"\n'

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 MAX_FILES_BACK = 8  # what the GPU machine returns from its output folder
 
-pytestmark = pytest.mark.skipif(os.name != "posix", reason="the GPU script is bash")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.name != "posix", reason="the GPU script is bash")]
 
 
 def steps() -> list[str]:

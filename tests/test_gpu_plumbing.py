@@ -180,6 +180,8 @@ def test_require_gpu_turns_gpu_skips_into_failures():
             "-p",
             "no:cacheprovider",
             "--continue-on-collection-errors",
+            "-n",
+            "0",
             "tests/test_cuda_gpu.py::test_loader_shares_torch_context",
             "tests/test_triton_gpu.py",
         ],

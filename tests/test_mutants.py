@@ -46,6 +46,7 @@ def test_names_are_unique_and_the_fast_subset_covers_several_classes():
     assert 3 <= len(fast) <= 6 and len({m.kind for m in fast}) >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
 )

@@ -114,6 +114,7 @@ def test_the_gemv_configs_read_w_in_16_byte_loads(fmt):
     assert not sass.spills(instructions), f"Triton {compiled.name}: spills"
 
 
+@pytest.mark.slow
 def test_every_config_kept_for_its_rows_of_x_does_not_spill():
     module = harness.backends.triton_kernels.load_source("triton/decode.py")
     requests = [
