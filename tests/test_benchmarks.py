@@ -12,6 +12,7 @@ CPU stand-ins for GPU code (emulated CUDA, interpreted Triton) are never timed h
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -28,11 +29,18 @@ PURE_PYTHON_DEFAULT_MAX_FLOPS = 2 * 128**3
 # Plain `pytest` runs each case once to see that it works: the default shapes up to 256^3 FLOPs
 # (128^3 and the 1x4096x4096 GEMV) show that as well as 1024^3 does, in a fraction of the time.
 UNTIMED_DEFAULT_MAX_FLOPS = 2 * 256**3
+UNTIMED_DECODE_SHAPE = "1x1024x4096"  # and one decode shape, a quarter of Llama's 4096 x 14336
+
+
+def _decode_shapes_chosen(config) -> bool:
+    return bool(config.getoption("--matmul-decode-shapes") or os.environ.get("MATMUL_BENCH_DECODE_SHAPES"))
 
 
 def pytest_generate_tests(metafunc):
     if "decode_case" in metafunc.fixturenames:
         shapes, formats = bench_decode(metafunc.config)
+        if not _decode_shapes_chosen(metafunc.config) and getattr(metafunc.config.option, "benchmark_disable", False):
+            shapes = [UNTIMED_DECODE_SHAPE]
         cases = [
             pytest.param((impl.name, parse_shape(shape), fmt), id=f"{impl.name}-{shape}-{fmt}")
             for shape in shapes

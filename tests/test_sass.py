@@ -36,7 +36,12 @@ needs_nvcc_and_cuobjdump = pytest.mark.skipif(
 needs_cuobjdump = pytest.mark.skipif(
     sass.cuobjdump() is None, reason="cuobjdump not found: " + str(sass.unavailable_reason())
 )
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+_triton_installed = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+
+
+def needs_triton(test):
+    """Triton's ahead-of-time compiles take seconds each: these checks are in the full tier."""
+    return pytest.mark.slow(_triton_installed(test))
 
 
 @lru_cache(maxsize=None)

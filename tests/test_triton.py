@@ -220,6 +220,7 @@ AOT_BUILDS = [
 ]
 
 
+@pytest.mark.slow  # ahead-of-time compiles for two GPUs: seconds each
 def test_kernels_compile_for_hopper_and_ampere():
     try:
         built = triton_aot.compile_kernels(*AOT_BUILDS)

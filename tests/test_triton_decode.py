@@ -105,6 +105,7 @@ def _sass(compiled):
     return triton_sass(compiled)
 
 
+@pytest.mark.slow  # ahead-of-time compiles
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_gemv_configs_read_w_in_16_byte_loads(fmt):
     """M = 1, the bandwidth-bound case: the first config (the one a small K starts from)."""
