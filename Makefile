@@ -9,7 +9,7 @@ GPU_OUT ?= gpu-out
 .PHONY: help test test-all bench lint format gpu-check compare
 
 help:
-	@echo "make test       the fast tier: what a contributor runs (about 5 minutes on 2 cores)"
+	@echo "make test       the fast tier: what a contributor runs (3 minutes on 2 cores)"
 	@echo "make test-all   the fast tier, then the full tier (sanitizers, builds, mutants, wheel)"
 	@echo "make bench      the pytest-benchmark suite at its default shapes"
 	@echo "make compare    the main comparison table (128, 256 and 1024 cubed)"
