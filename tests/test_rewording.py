@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from code_edits import comment_lines, language_of
-from test_mutants import mutants  # its BOOTSTRAP: the copy's harness imported, not the checkout's
+from test_mutants import mutants  # its file list, and its BOOTSTRAP (the copy's harness imported)
 
 from harness import sources
 from harness.backends.cuda.plans import FIELDS
@@ -54,14 +54,7 @@ def reword(path: Path) -> int:
 
 
 def _copy_checkout(destination: Path) -> None:
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for name in sorted({n for n in listed.split("\0") if n and (ROOT / n).is_file()}):
+    for name in mutants.repository_files():  # tracked and untracked, not ignored
         target = destination / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, target)
