@@ -112,8 +112,16 @@ def check(result, a, b, ref=None, *, activation_rounding: str | None = None) -> 
     product, or a ``Reference``; computed here when not given). ``activation_rounding``
     ("q8_0"): the result is of a kernel that rounds A that way before multiplying
     (``Implementation.activation_rounding``); the error that implies is allowed on top
-    (harness/activation_error.py)."""
+    (harness/activation_error.py).
+
+    ``b`` may be decode weights (``harness.quant.quantize(w, "q8_0")``, W [N, K]): the result
+    is then Y = X @ W^T, checked against X times the weights the format holds
+    (``b.dequantize()``, exact in float32), as a comparison checks its decode rows."""
+    from .quant import QuantizedWeights
+
     a = np.asarray(a)
+    if isinstance(b, QuantizedWeights):
+        b = b.dequantize().T
     b = np.asarray(b)
     if not isinstance(ref, Reference):
         ref = reference_data(a, b, ref)

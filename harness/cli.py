@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -29,6 +30,51 @@ def _seed(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"invalid seed {value}: seeds are whole numbers >= 0")
     return value
+
+
+# argparse types for every number of every command (the experiments' too): a bad value is a
+# usage error naming its option, before anything is measured, not a row error or a traceback.
+def positive_seconds(text: str) -> float:
+    """A time in seconds: a finite number > 0 (0, -1, nan and inf are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: expected seconds, a number > 0") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"invalid time {text}: expected a finite number of seconds > 0")
+    return value
+
+
+def count_at_least(lowest: int):
+    """The type of a count: a whole number >= ``lowest``."""
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected a whole number >= {lowest}") from None
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"invalid number {value}: expected a whole number >= {lowest}")
+        return value
+
+    return count
+
+
+def shape_without_zeros(text: str) -> str:
+    """A shape, N or MxNxK, with no dimension 0 (a product of nothing has no time to measure),
+    returned as given: the experiments compare their shapes' text with their defaults'."""
+    shape = shape_argument(text)
+    if 0 in shape:
+        raise argparse.ArgumentTypeError(f"invalid shape {text!r}: every dimension must be 1 or more")
+    return text
+
+
+def _plot_path(text: str) -> str:
+    """A --plot destination in a format matplotlib writes (checked before anything is measured)."""
+    problem = files.plot_format_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def _thread_count_problem(args, command_parser) -> str | None:
@@ -157,13 +203,32 @@ def main(argv=None) -> int:
     comparing.add_argument(
         "--threads", type=int, default=1, help="BLAS and kernel threads (default 1; 0 = library default)"
     )
-    comparing.add_argument("--min-time", type=float, default=0.2, help="seconds of timed runs per row (default 0.2)")
+    comparing.add_argument(
+        "--min-time", type=positive_seconds, default=0.2, help="seconds of timed runs per row (default 0.2)"
+    )
     comparing.add_argument("--seed", type=_seed, default=0, help="seeds the inputs (an integer >= 0; default 0)")
     comparing.add_argument("--allow-slow", action="store_true", help="run pure Python even on sizes that take hours")
+    comparing.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="the longest one call of an isolated row may take before it counts as hung "
+        "(default: grows with the problem, at least 30)",
+    )
+    comparing.add_argument(
+        "--isolate",
+        choices=["user", "all"],
+        default="user",
+        help="run in a worker process of its own, where a crash or a hang is a row: your own "
+        "kernels (user, the default) or every CPU implementation (all)",
+    )
     comparing.add_argument("--no-baseline", action="store_true", help="do not add the library baseline")
     comparing.add_argument("--json", metavar="PATH", help="write results and machine info as JSON")
     comparing.add_argument("--csv", metavar="PATH", help="write results as CSV")
-    comparing.add_argument("--plot", metavar="PATH", help="draw GFLOP/s against size (PNG)")
+    comparing.add_argument(
+        "--plot", metavar="PATH", type=_plot_path, help="draw GFLOP/s against size (PNG; SVG, PDF... by suffix)"
+    )
     comparing.add_argument("--no-progress", action="store_true")
 
     from .experiments import EXPERIMENTS
@@ -332,14 +397,16 @@ def _compare_command(parser, args) -> int:
         baselines=not args.no_baseline,
         progress=not args.no_progress and sys.stderr.isatty(),
         weights=args.weights,
+        isolate=args.isolate,
+        timeout=args.timeout,
     )
     print(results)
     for path, writer in ((args.json, results.to_json), (args.csv, results.to_csv), (args.plot, results.plot)):
         if path:
             print(f"wrote {writer(path)}")
-    failed = [r for r in results.rows if r.status.startswith(("FAILED", "error"))]
+    failed = [r for r in results.rows if r.failed]
     if failed:
-        sys.stderr.write(f"{len(failed)} row(s) failed or raised: see the status column\n")
+        sys.stderr.write(f"{len(failed)} row(s) failed, raised, crashed or hung: see the status column\n")
         return 1
     if not any(r.passed for r in results.rows):
         sys.stderr.write("nothing ran: every row was skipped or unavailable (see the status column)\n")

@@ -10,8 +10,9 @@ The rows and their files are results.py's; the table is render.py's, the plot pl
 
 from __future__ import annotations
 
+import math
 import time
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -19,10 +20,20 @@ import numpy as np
 from . import machine
 from .checking import Reference, check, reference_data
 from .core import InputGuard, Matmul, MatmulInputError, check_problem, tried_to_write_inputs, wrote_inputs_message
+from .external import add_external, external_recipe, is_external
 from .inputs import Shape, dtype_name, make_inputs, parse_shape
+from .isolation import (
+    ISOLATE_CHOICES,
+    KernelCrashed,
+    KernelFailed,
+    KernelTimedOut,
+    WorkerPool,
+    automatic_limit_s,
+    timing_allowance_s,
+)
 from .registry import REGISTRY, describe, implementations
 from .results import Results, Row, fill_speedups
-from .timing import SETTLE_SECONDS, time_cpu
+from .timing import SETTLE_SECONDS, Timing, time_cpu
 
 __all__ = ["Results", "Row", "compare", "blas_limits", "reference_for"]
 
@@ -91,8 +102,11 @@ def compare(
     progress: bool = False,
     options: dict | None = None,
     weights: Sequence[str] | str | None = None,
+    isolate: str = "user",
+    timeout: float | None = None,
 ) -> Results:
-    """Check and time ``impls`` (names or glob patterns) on every shape and dtype.
+    """Check and time ``impls`` (names, glob patterns, or your own as ``FILE:FUNCTION``) on every
+    shape and dtype.
 
     ``threads`` pins the BLAS thread pool and is passed to implementations that take a thread
     count (None leaves both at their defaults). The library baseline of each device is added
@@ -104,9 +118,27 @@ def compare(
     quantized once per problem outside the timed region; "float32" is the plain product, which
     the baseline and the peers run (it is added when baselines are). Without ``impls``, the
     implementations are those that take quantized weights.
+
+    ``isolate``: "user" (the default) checks and times your own kernels (``FILE:FUNCTION``) in
+    a worker process each (isolation.py), where a crash or a hang is a row, not the end of the
+    run; "all" does so for every CPU implementation of a float problem. ``timeout`` (seconds)
+    bounds each call of an isolated row; by default the bound grows with the problem's FLOPs
+    (``isolation.automatic_limit_s``).
     """
+    if isolate not in ISOLATE_CHOICES:
+        raise ValueError(f"isolate must be one of {', '.join(ISOLATE_CHOICES)}, got {isolate!r}")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf
+    ):
+        raise ValueError(f"timeout must be a number of seconds > 0 (or None for the automatic limit), got {timeout!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    if (
+        isinstance(min_time, bool)
+        or not isinstance(min_time, (int, float, np.integer, np.floating))
+        or not 0 < min_time < math.inf  # nan fails this too
+    ):
+        raise ValueError(f"min_time must be a finite number of seconds > 0, got {min_time!r}")
     if threads is not None:
         from .backends.c import default_threads
 
@@ -119,6 +151,7 @@ def compare(
     shapes = [parse_shape(s) for s in ([shapes] if isinstance(shapes, (str, int)) else shapes)]
     dtypes = [dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
     patterns = [impls] if isinstance(impls, str) else list(impls or [])
+    patterns = [add_external(pattern) if is_external(pattern) else pattern for pattern in patterns]
     formats = _weight_formats(weights, baselines)
     chosen = implementations(*patterns)
     if formats and not patterns:
@@ -136,7 +169,8 @@ def compare(
     ]
     rows: list[Row] = []
     bar = _progress_bar(len(tasks)) if progress else None
-    with bar or nullcontext():
+    workers = WorkerPool(allow_slow, threads)
+    with bar or nullcontext(), closing(workers):
         task_id = bar.add_task("comparing", total=len(tasks)) if bar else None
         current: tuple[Shape, str, str | None] | None = None
         for shape, dtype, fmt, impl in tasks:
@@ -148,11 +182,25 @@ def compare(
                 # over a gigabyte, and a shape nothing can run needs neither.
                 current = (shape, dtype, fmt)
                 problem = _Problem(shape, dtype, seed, [impl.device for impl in chosen], weights=fmt)
-            rows.append(_measure(impl, problem, threads, min_time, allow_slow, options.get(impl.name, {})))
+            isolated = impl.device == "cpu" and not problem.quantized and (isolate == "all" or external_recipe(impl))
+            rows.append(
+                _measure(
+                    impl,
+                    problem,
+                    threads,
+                    min_time,
+                    allow_slow,
+                    options.get(impl.name, {}),
+                    workers if isolated else None,
+                    timeout,
+                )
+            )
             if bar:
                 bar.advance(task_id)
     fill_speedups(rows)
-    settings = {"threads": threads, "min_time_s": min_time, "seed": seed, "shape_order": "MxNxK"}
+    settings = {"threads": threads, "min_time_s": min_time, "seed": seed, "shape_order": "MxNxK", "isolate": isolate}
+    if timeout is not None:
+        settings["timeout_s"] = timeout
     if formats:
         settings["weights"] = formats
     info = machine.machine_info()
@@ -294,7 +342,39 @@ class _Problem:
         return self._reference.check(result)
 
 
-def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_options) -> Row:
+class _InProcess:
+    """A row's implementation called in this process, as Worker (isolation.py) calls it in
+    its own: prepare, one run to check, then the timing."""
+
+    def __init__(self, impl, options: dict, allow_slow, problem: _Problem):
+        self.matmul = Matmul(impl, allow_slow=allow_slow, **options)
+        self.problem = problem
+        self.prepared = self.loader = None
+
+    def prepare(self, a, b, limit_s) -> str:
+        self.prepared = self.matmul.prepare(a, b)
+        self.loader = getattr(self.prepared, "loader", None)
+        return self.prepared.mode
+
+    def run(self, limit_s) -> np.ndarray:
+        self.prepared.run()
+        return self.prepared.result()
+
+    def time(self, min_time: float, settle_s: float, limit_s) -> Timing:
+        # GPU adapters time themselves (CUDA events, L2 flushed); the rest use perf_counter.
+        own_timer = getattr(self.prepared, "time", None)
+        if own_timer:
+            return own_timer(min_time)
+        time.sleep(settle_s)
+        return time_cpu(self.prepared.run, min_time=min_time)
+
+    def written(self) -> list[str]:
+        return self.problem.written()
+
+
+def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_options, workers, timeout) -> Row:
+    """One row: refuse what ``impl`` cannot take, check it, then time it; in a worker process
+    (``workers``, a WorkerPool) or, when that is None, here."""
     shape, dtype = problem.shape, problem.dtype
     row = Row(impl.name, impl.language, impl.device, str(shape), dtype, status="ok", weights=problem.weights)
     try:
@@ -319,16 +399,17 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
         run_options.setdefault("threads", threads)
     if impl.device == "cpu":
         row.threads = _threads_used(impl, threads, run_options)
+    limit_s = timeout or automatic_limit_s(impl, shape)
     try:
-        matmul = Matmul(impl, allow_slow=allow_slow, **run_options)
+        runner = workers.get(impl, run_options) if workers else _InProcess(impl, run_options, allow_slow, problem)
         with blas_limits(threads):
             a, b = problem.row_inputs()
-            prepared = matmul.prepare(a, b)
-            row.mode = prepared.mode
-            row.loader = getattr(prepared, "loader", None)
-            prepared.run()
-            result = prepared.result()
-            written = problem.written()
+            row.mode = runner.prepare(a, b, limit_s)
+            row.loader = getattr(runner, "loader", None)
+            started = time.perf_counter()
+            result = runner.run(limit_s)
+            one_call_s = time.perf_counter() - started
+            written = runner.written()
             if written:
                 row.status = f"FAILED: {wrote_inputs_message(impl.name, written)}"
                 return row
@@ -337,19 +418,31 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
             if not outcome.passed:
                 row.status = f"FAILED: {outcome.message}"
                 return row
-            if prepared.mode != "native":
+            if row.mode != "native" or 0 in shape:  # a stand-in, or an empty product: checked, never timed
                 return row
-            # GPU adapters time themselves (CUDA events, L2 flushed); the rest use perf_counter.
-            own_timer = getattr(prepared, "time", None)
-            if not own_timer and (row.threads or 1) > 1:
-                # without the pause, c.packed's 2-thread GEMV at 1x8192x28672, timed after
-                # torch's int4 kernel, took 51-58 ms with a spread of 60% (21 ms on its own)
-                time.sleep(SETTLE_SECONDS)
-            timing = own_timer(min_time) if own_timer else time_cpu(prepared.run, min_time=min_time)
-            written = problem.written()  # a write while timed changes what the next row multiplies
+            # without the pause, c.packed's 2-thread GEMV at 1x8192x28672, timed after
+            # torch's int4 kernel, took 51-58 ms with a spread of 60% (21 ms on its own)
+            settle_s = SETTLE_SECONDS if (row.threads or 1) > 1 else 0.0
+            timing = runner.time(min_time, settle_s, limit_s + timing_allowance_s(min_time, one_call_s))
+            written = runner.written()  # a write while timed changes what the next row multiplies
             if written:
                 row.status = f"FAILED: {wrote_inputs_message(impl.name, written)} while it was timed"
                 return row
+    except (KernelCrashed, KernelTimedOut) as error:  # the worker is gone; the run goes on
+        row.status = str(error)
+        if isinstance(error, KernelTimedOut):
+            row.status += (
+                " (the limit --timeout / timeout= set)"
+                if timeout
+                else " (the limit for its size; --timeout / timeout= sets another)"
+            )
+        return row
+    except KernelFailed as error:
+        if error.wrote_read_only:
+            row.status = f"FAILED: {impl.name} tried to write into its inputs, which are read-only ({error})"
+        else:
+            row.status = f"error: {error}"
+        return row
     except Exception as error:  # one broken implementation must not end the comparison
         written = problem.written()
         if written:

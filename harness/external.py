@@ -12,11 +12,14 @@
   ``void my_matmul_f32(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K)``
   and/or the same with ``_f64`` and double (or one unsuffixed ``my_matmul`` on float). It is
   compiled here with the system's C compiler (``-O3 -march=native``; ``CC`` chooses another)
-  into a cache folder, rebuilt when the file changes, and called through ctypes.
+  into the user cache folder (cache.py), rebuilt when the file changes or the cached library
+  is damaged, and called through ctypes.
 
-Either is registered as ``<file stem>.<function>`` (``mine.matmul``), checked against the same
-float64 reference with the same error model before it is timed, and shows up in every table,
-JSON and plot like ours.
+Either is registered as ``<file stem>.<function>`` (``mine.matmul``; a second file with that
+stem, in another folder, as ``v2/mine.matmul``), checked against the same float64 reference
+with the same error model before it is timed, and shows up in every table, JSON and plot like
+ours. ``compare`` runs it in a worker process of its own (isolation.py), where a crash or a
+hang is a row; called through ``harness.get`` it runs in the caller's process.
 """
 
 from __future__ import annotations
@@ -27,13 +30,20 @@ import importlib.util
 import os
 import shutil
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from . import sources
+from . import cache, sources
 from .core import Implementation
+from .interrupts import call_interruptibly
 from .registry import REGISTRY, register
+
+# From this many multiply-adds a call (which may take seconds: a naive loop does about one per
+# nanosecond) runs where Ctrl-C can stop the wait for it (backends/c.py); below, the worker
+# thread's tens of microseconds would show in the timing.
+INTERRUPTIBLE_MNK = 1 << 24
 
 C_TYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double}
 SUFFIXES = {"float32": "_f32", "float64": "_f64"}
@@ -41,6 +51,16 @@ SUFFIXES = {"float32": "_f32", "float64": "_f64"}
 
 class ExternalError(ValueError):
     """A FILE:FUNCTION that cannot be used; the message says why."""
+
+
+@lru_cache(maxsize=None)
+def _compiler_identity(compiler: str) -> str:
+    """The compiler and its version: an upgraded compiler builds the library again."""
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        version = ""
+    return f"{compiler} {version}"
 
 
 def is_external(spec: str) -> bool:
@@ -58,33 +78,69 @@ def add_external(spec: str) -> str:
         raise ExternalError(f"{spec}: no such file {path}")
     if not function.isidentifier():
         raise ExternalError(f"{spec}: {function!r} is not a function name")
-    name = f"{path.stem}.{function}"
+    name = _name_for(path, function)
     existing = REGISTRY.get(name)
-    if existing is not None and not isinstance(existing.backend, (_PythonFunction, _CFunction)):
+    if existing is not None and external_recipe(existing) is None:
         raise ExternalError(f"{spec}: its name {name!r} is one of this repository's implementations; rename the file")
-    if path.suffix == ".py":
-        backend = _PythonFunction(path, function)
-        dtypes = ("float32", "float64")
-    else:
-        backend = _CFunction(path, function)
-        dtypes = backend.dtypes()
-    problem = backend.unavailable_reason(None)  # a typo in the name, a file that does not compile
+    impl = implementation_from_recipe(("external", str(path), function, name))
+    try:
+        problem = impl.backend.unavailable_reason(impl)  # a typo in the name, a file that does not compile
+    except OSError as error:  # an unwritable cache, say: a reason, not a traceback
+        problem = f"{error.strerror or error}: {error.filename or ''}".rstrip(": ")
     if problem:
         raise ExternalError(f"{spec}: {problem}")
-    language = "python" if path.suffix == ".py" else "c"
-    register(
-        Implementation(
-            name=name,
-            language=language,
-            device="cpu",
-            dtypes=dtypes,
-            summary=f"your own: {function} in {path}",
-            backend=backend,
-            source=str(path),
-        ),
-        replace=True,
-    )
+    register(impl, replace=True)
     return name
+
+
+def _name_for(path: Path, function: str) -> str:
+    """``<stem>.<function>``, or, when another file with that stem is registered already,
+    the folders above it too (``v2/mine.matmul``) until the name is its own: two files never
+    share a row."""
+    parts = path.parts[:-1]
+    for depth in range(len(parts) + 1):
+        prefix = "/".join(parts[len(parts) - depth :]) if depth else ""
+        name = f"{prefix}/{path.stem}.{function}" if prefix else f"{path.stem}.{function}"
+        existing = REGISTRY.get(name)
+        if existing is None or external_recipe(existing) in (None, ("external", str(path), function, name)):
+            return name
+    return f"{path}.{function}"  # unreachable: the full path is unique
+
+
+def external_recipe(impl: Implementation) -> tuple | None:
+    """("external", file, function, name) for a user's implementation, None for ours: what a
+    worker process (isolation.py) needs to make it again."""
+    backend = impl.backend
+    if isinstance(backend, (_PythonFunction, _CFunction)):
+        return ("external", str(backend.path), backend.function, impl.name)
+    return None
+
+
+def spec_text(impl: Implementation) -> str:
+    """How a user named ``impl``: ``mine.c:my_matmul``, with the folders its name has
+    (``v2/mine.c:my_matmul``, when two files are called mine.c)."""
+    folders = impl.name.rpartition("/")[0]
+    return f"{folders + '/' if folders else ''}{impl.backend.path.name}:{impl.backend.function}"
+
+
+def implementation_from_recipe(recipe: tuple) -> Implementation:
+    """The Implementation of a user's FILE:FUNCTION (not registered: add_external does that)."""
+    _, path_text, function, name = recipe
+    path = Path(path_text)
+    if path.suffix == ".py":
+        backend, language, dtypes = _PythonFunction(path, function), "python", ("float32", "float64")
+    else:
+        backend, language = _CFunction(path, function), "c"
+        dtypes = backend.dtypes()
+    return Implementation(
+        name=name,
+        language=language,
+        device="cpu",
+        dtypes=dtypes,
+        summary=f"your own: {function} in {path}",
+        backend=backend,
+        source=str(path),
+    )
 
 
 class _Prepared:
@@ -144,24 +200,45 @@ class _CFunction:
         return self._loaded[1]
 
     def _build(self) -> Path:
+        """The compiled library in the cache, built when missing or damaged. Its name holds a
+        hash of everything that makes it (the file's text, the project's headers, the compiler
+        and flags), never a path or a time, so a moved or read-only checkout reuses it; and it
+        is loaded only when it is byte for byte what its build wrote (cache.intact)."""
         compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
         if not compiler:
             raise ExternalError(f"{self.path}: no C compiler (cc, gcc or clang) to build it with; set CC")
-        flags = ["-O3", "-march=native", "-shared", "-fPIC", "-I", str(sources.source_path("c"))]
-        key = hashlib.sha256("\0".join([self.path.read_text(), compiler, *flags]).encode()).hexdigest()[:16]
-        folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "matmul-reference" / "external"
+        headers = sources.source_path("c")
+        flags = ["-O3", "-march=native", "-shared", "-fPIC"]
+        key = hashlib.sha256(
+            "\0".join(
+                [self.path.read_text(), _compiler_identity(compiler), *flags]
+                + [header.read_text() for header in sorted(headers.glob("*.h"))]
+            ).encode()
+        ).hexdigest()[:16]
+        folder = cache.user_cache_root() / "external"
         library = folder / f"{self.path.stem}-{key}.so"
-        if not library.is_file():
+        if cache.intact(library):
+            return library
+        try:
             folder.mkdir(parents=True, exist_ok=True)
+            cache.forget(library)  # damaged, or never finished: built again, never loaded
             partial = library.with_suffix(f".{os.getpid()}.partial")
             done = subprocess.run(
-                [compiler, *flags, "-o", str(partial), str(self.path)], capture_output=True, text=True
+                [compiler, *flags, "-I", str(headers), "-o", str(partial), str(self.path)],
+                capture_output=True,
+                text=True,
             )
             if done.returncode != 0:
                 partial.unlink(missing_ok=True)
                 first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[-300:])
                 raise ExternalError(f"{self.path} does not compile: {first}")
             os.replace(partial, library)
+            cache.record(library)
+        except OSError as error:
+            raise ExternalError(
+                f"cannot build {self.path.name} into the cache folder {folder}: {error.strerror or error}; "
+                "set XDG_CACHE_HOME to a folder you can write"
+            ) from None
         return library
 
     def _symbols(self, library) -> dict[str, object]:
@@ -203,7 +280,11 @@ class _CFunction:
             c = np.empty((m, n), dtype=a.dtype)
             name = "float32" if a.dtype == np.float32 else "float64"
             pointer = ctypes.POINTER(C_TYPES[name])
-            symbols[name](a.ctypes.data_as(pointer), b.ctypes.data_as(pointer), c.ctypes.data_as(pointer), m, n, k)
+            arguments = (a.ctypes.data_as(pointer), b.ctypes.data_as(pointer), c.ctypes.data_as(pointer), m, n, k)
+            if m * n * k >= INTERRUPTIBLE_MNK:
+                call_interruptibly(symbols[name], arguments)
+            else:
+                symbols[name](*arguments)
             return c
 
         return call

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .inputs import BFLOAT16
+from .inputs import bfloat16_dtype
 from .timing import Timing
 
 # Vendor datasheet figures (dense, no sparsity): FP32 SIMT and BF16/FP16 tensor-core GFLOP/s,
@@ -114,7 +114,7 @@ def to_device(array: np.ndarray):
     # host tensor is undefined; it is only read, by the copy to the device.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if BFLOAT16 is not None and array.dtype == BFLOAT16:
+        if array.dtype.name == "bfloat16":
             tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         else:
             tensor = torch.from_numpy(array)
@@ -126,7 +126,7 @@ def to_numpy(tensor) -> np.ndarray:
 
     tensor = tensor.detach().to("cpu")
     if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(BFLOAT16).copy()
+        return tensor.view(torch.int16).numpy().view(bfloat16_dtype()).copy()
     return tensor.numpy().copy()
 
 

@@ -8,16 +8,23 @@ the square problem NxNxN.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
-try:  # NumPy has no bfloat16; ml_dtypes (the JAX project's NumPy dtypes) provides one.
-    import ml_dtypes
 
-    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a dependency; this keeps imports working
-    BFLOAT16 = None
+@lru_cache(maxsize=1)
+def bfloat16_dtype() -> np.dtype | None:
+    """NumPy's bfloat16, from ml_dtypes (the JAX project's NumPy dtypes; NumPy has none), or
+    None without it. Imported on first use: ml_dtypes takes most of a second to import, which
+    every command and every worker process would otherwise pay."""
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - ml_dtypes is a dependency; this keeps imports working
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
 
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 
@@ -90,9 +97,10 @@ def dtype_name(dtype) -> str:
 def numpy_dtype(name: str) -> np.dtype:
     name = dtype_name(name)
     if name == "bfloat16":
-        if BFLOAT16 is None:
+        bfloat16 = bfloat16_dtype()
+        if bfloat16 is None:
             raise TypeError("bfloat16 arrays need the ml_dtypes package")
-        return BFLOAT16
+        return bfloat16
     if name not in DTYPE_NAMES:
         raise TypeError(f"unknown dtype {name!r}; choose from {', '.join(DTYPE_NAMES)}")
     return np.dtype(name)

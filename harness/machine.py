@@ -114,7 +114,8 @@ def measured_fma_roofs() -> dict | None:
 
     Measured once per machine and kept in the user's cache: a later measurement replaces the
     kept one only if it is higher (noise only slows a measurement down), so one busy moment
-    cannot lower the roof for good (``remember_roofs``).
+    cannot lower the roof for good (``remember_roofs``); a kept one above what this machine's
+    clock and SIMD width allow (``roof_bound``) is dropped for the one measured now.
     """
     try:
         from . import clib
@@ -138,7 +139,11 @@ def measured_fma_roofs() -> dict | None:
     }
     if _plausible_roof("read_gbps", entry):
         measured["read_gbps"] = entry
-    return remember_roofs(f"{cpu_model()} | {' '.join(simd_flags())}", measured)
+    return remember_roofs(_machine_key(), measured, {kind: roof_bound(kind) for kind in measured})
+
+
+def _machine_key() -> str:
+    return f"{cpu_model()} | {' '.join(simd_flags())}"
 
 
 # What no single core reaches, by far (the widest today: about 300 FP32 GFLOP/s, 50 GB/s
@@ -147,11 +152,58 @@ def measured_fma_roofs() -> dict | None:
 ROOF_LIMITS = {"float32": 10_000.0, "float64": 10_000.0, "read_gbps": 1_000.0}
 
 
+# A kept roof must also be one this machine can reach: an FMA roof of one core is at most its
+# clock x SIMD lanes x 2 FLOPs x FMA units, and a core streams memory in no faster than its
+# load ports take it in: at most LOADS_PER_CYCLE loads a cycle (Golden Cove and Zen 4 do three),
+# none wider than a SIMD register. That is L1 bandwidth, which no stream from memory comes near
+# (about 320 GB/s at 3.3 GHz with AVX2, where one core streams 20-50 GB/s), times the threads
+# reading. BOUND_MARGIN covers a clock measured a little low (the boost varies). A roof kept beyond that is a damaged or
+# foreign cache, not a measurement (9,000 GFLOP/s kept where 260 is real read every "% peak" as
+# 2.3% instead of 83%): it is dropped, and this run's measurement kept instead.
+BOUND_MARGIN = 1.25
+LOADS_PER_CYCLE = 3
+
+
+def _max_clock_ghz() -> float | None:
+    """The fastest this core runs: the clock measured now, or the OS's maximum if that is higher
+    (a busy machine measures its clock low)."""
+    clocks = [measured_clock_ghz() or 0.0]
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as handle:
+            clocks.append(int(handle.read()) / 1e6)  # kHz
+    except (OSError, ValueError):  # not Linux, or a virtual machine that does not say
+        pass
+    best = max(clocks)
+    return best if best > 0 else None
+
+
+def roof_bound(kind: str) -> float | None:
+    """The most this machine's clock and instruction set allow for a kind of roof (float32,
+    float64: one core's GFLOP/s; read_gbps, read_gbps_<N>_threads: GB/s), or None when the
+    clock is not known."""
+    clock = _max_clock_ghz()
+    threads = _read_threads(kind)
+    if clock is None or (kind not in ("float32", "float64") and threads is None):
+        return None
+    if threads is None:
+        lanes = simd_bits() // (32 if kind == "float32" else 64)
+        return BOUND_MARGIN * clock * lanes * 2 * FMA_UNITS_PER_CORE
+    return BOUND_MARGIN * clock * LOADS_PER_CYCLE * (simd_bits() // 8) * threads
+
+
+def _read_threads(kind: str) -> int | None:
+    """How many cores a read roof was measured with (1 for read_gbps), None if not a read roof."""
+    if kind == "read_gbps":
+        return 1
+    if kind.startswith("read_gbps_") and kind.endswith("_threads") and kind[10:-8].isdigit():
+        return int(kind[10:-8])
+    return None
+
+
 def _roof_limit(kind: str) -> float | None:
     """The limit of a kind of roof (several cores' reads: read_gbps_<N>_threads), None if unknown."""
-    if kind.startswith("read_gbps_") and kind.endswith("_threads") and kind[10:-8].isdigit():
-        return ROOF_LIMITS["read_gbps"] * int(kind[10:-8])
-    return ROOF_LIMITS.get(kind)
+    threads = _read_threads(kind)
+    return ROOF_LIMITS["read_gbps"] * threads if threads else ROOF_LIMITS.get(kind)
 
 
 def _plausible_roof(kind: str, entry) -> bool:
@@ -169,6 +221,8 @@ def _read_roof_cache(cache) -> dict:
     treated as absent, and replaced at the next write."""
     import json
 
+    if cache.is_symlink():  # not the harness's file: never read (nor written) through
+        return {}
     try:
         kept = json.loads(cache.read_text())
     except (OSError, ValueError):  # missing, unreadable, not JSON (ValueError covers bad UTF-8)
@@ -191,24 +245,47 @@ def _keep_best(previous: dict, measured: dict) -> dict:
     }
 
 
-def remember_roofs(key: str, measured: dict) -> dict:
+def _within(kept: dict, bounds: dict) -> dict:
+    """The kept roofs no higher than their bound (those without a known bound stay)."""
+    return {
+        kind: entry
+        for kind, entry in kept.items()
+        if bounds.get(kind) is None or max(entry["best"], entry.get("median", 0)) <= bounds[kind]
+    }
+
+
+def remember_roofs(key: str, measured: dict, bounds: dict | None = None) -> dict:
     """``measured`` with each roof raised to the best kept for ``key`` in the user's cache,
     which is updated to match. Read, merged and written under a lock, so processes measuring
-    at once each keep the best of everyone's; the file is replaced whole (files.py)."""
+    at once each keep the best of everyone's; the file is replaced whole (files.py).
+
+    ``bounds`` ({kind: the most this machine allows}, ``roof_bound``): a kept roof above its
+    bound is dropped, and replaced in the cache by the one measured now.
+
+    A symlink at the cache's path is not used at all: the harness never made it, and writing
+    through it would replace whatever file it names, or create the folders its target lacks
+    (a dangling link to /nonexistent/... made /nonexistent). Replacing the link instead would
+    silently undo a user's own arrangement; the roofs measured now serve this process."""
     import json
 
     from . import files
 
     cache = _roof_cache_path()
+    bounds = bounds or {}
+    if cache.is_symlink():
+        return dict(measured)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         with files.locked(cache.with_name(cache.name + ".lock")):
+            if cache.is_symlink():  # planted while this process waited for the lock
+                return dict(measured)
             kept = _read_roof_cache(cache)
-            best = _keep_best(kept.get(key, {}), measured)
-            kept[key] = {**kept.get(key, {}), **best}  # the kinds not measured now are kept as they were
+            best = _keep_best(_within(kept.get(key, {}), bounds), measured)
+            # the kinds not measured now are kept as they were (checked when they are measured)
+            kept[key] = {**kept.get(key, {}), **best}
             files.write_text(cache, json.dumps(kept, indent=2, allow_nan=False) + "\n")
     except OSError:  # a read-only home: the best known still serves this process
-        best = _keep_best(_read_roof_cache(cache).get(key, {}), measured)
+        best = _keep_best(_within(_read_roof_cache(cache).get(key, {}), bounds), measured)
     return best
 
 
@@ -241,13 +318,13 @@ def memory_roof_gbps(threads: int = 1) -> float | None:
     kind = f"read_gbps_{threads}_threads"
     if not _plausible_roof(kind, entry):
         return None
-    return remember_roofs(f"{cpu_model()} | {' '.join(simd_flags())}", {kind: entry})[kind]["best"]
+    return remember_roofs(_machine_key(), {kind: entry}, {kind: roof_bound(kind)})[kind]["best"]
 
 
 def _roof_cache_path():
-    from pathlib import Path
+    from .cache import user_cache_root
 
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "matmul-reference" / "cpu-roofs.json"
+    return user_cache_root() / "cpu-roofs.json"
 
 
 def cpu_peak_gflops(dtype: str, cores: int = 1) -> float | None:

@@ -30,14 +30,17 @@ def register(impl: Implementation, *, replace: bool = False) -> Implementation:
 
 
 def implementations(*patterns: str) -> list[Implementation]:
-    """Implementations whose names match any of the glob ``patterns`` (all if none), in
+    """Implementations named by ``patterns`` (exact names, else glob patterns; all if none), in
     registry order. A pattern that matches nothing is an error, so a typo is not silent."""
     patterns = [p for p in patterns if p is not None]
     if not patterns:
         return list(REGISTRY.values())
     chosen = set()
     for pattern in patterns:
-        matched = {name for name in REGISTRY if fnmatch.fnmatchcase(name, pattern) or name.split(".")[0] == pattern}
+        if pattern in REGISTRY:  # a name is itself, even one with glob characters (a user's "[c].c")
+            matched = {pattern}
+        else:
+            matched = {name for name in REGISTRY if fnmatch.fnmatchcase(name, pattern) or name.split(".")[0] == pattern}
         if not matched:
             raise KeyError(f"no implementation matches {pattern!r}; known: {', '.join(REGISTRY)}")
         chosen |= matched

@@ -120,12 +120,18 @@ def render(results: "Results", width: int | None = None) -> str:
     stand_ins = sorted({row.mode for row in results.ran() if row.mode != "native"})
     if stand_ins:
         notes.append(f"ok* {' / '.join(stand_ins)}, not timed: GPU code checked on a CPU stand-in")
+    empty = sorted({row.shape for row in results.ran() if "0" in row.shape.split("x")})
+    if empty:
+        notes.append(f"{', '.join(empty)}: empty problems (a dimension 0), checked and never timed")
     for row in results.ran():
         if not row.passed:
             notes.append(f"{row.implementation} {row.shape} {row.dtype}: {row.status}")
     for name, text in results.machine.get("implementations", {}).items():
         if any(row.implementation == name for row in results.ran()):
-            notes.append(f"{name}: {text}")
+            # a description's further lines are warnings ("! ..."): each a note of its own
+            description, *warnings = str(text).split("\n")
+            notes.append(f"{name}: {description}")
+            notes += warnings
     for note in notes:
         out.append(textwrap.fill(note, width, subsequent_indent="  "))
     missing = not_run(results)

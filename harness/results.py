@@ -17,6 +17,8 @@ import numpy as np
 from . import files
 from .inputs import dtype_name, parse_shape
 
+FAULTS = ("FAILED", "error", "crashed", "timed out")  # statuses that make a command exit 1
+
 
 @dataclass
 class Row:
@@ -25,7 +27,8 @@ class Row:
     device: str
     shape: str  # MxNxK
     dtype: str  # of the inputs (a decode problem's activations)
-    status: str  # "ok", "FAILED: ...", "skipped: ...", "unavailable: ...", "error: ..."
+    status: str  # "ok", "FAILED: ...", "skipped: ...", "unavailable: ...", "error: ...", "crashed: ...",
+    # "timed out: ..." (the last two: a kernel run in a worker process, isolation.py)
     mode: str = "native"  # native, emulated, interpreted
     loader: str | None = None  # what loaded a compiled GPU kernel (pycuda, cupy, emulation)
     median_s: float | None = None
@@ -44,6 +47,12 @@ class Row:
     @property
     def passed(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def failed(self) -> bool:
+        """A wrong product, or an implementation that raised, crashed or hung: a fault to fix
+        (unlike a row skipped or unavailable here)."""
+        return self.status.startswith(FAULTS)
 
     @property
     def timed(self) -> bool:

@@ -33,7 +33,7 @@ from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
-from . import sources
+from . import cache, sources
 
 NVCC_FLAGS = ("-std=c++17", "-O3")  # what the CUDA backend compiles with
 
@@ -101,7 +101,7 @@ def cache_dir() -> Path:
     if sources.in_checkout():
         root = sources.sources_root() / "build"
     else:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "matmul-reference"
+        root = cache.user_cache_root()
     return root / "cuda-sass"
 
 
@@ -119,9 +119,12 @@ def compile_cubin(source: str | Path, arch: str, extra_flags: tuple[str, ...] = 
     # with the headers of cuda/ (ptx.h) that a source may include: an edit to one recompiles
     text = path.read_text() + "".join(h.read_text() for h in sorted(sources.source_path("cuda").glob("*.h")))
     flags = [*NVCC_FLAGS, f"-arch={arch}", "-cubin", "-I", str(sources.source_path("cuda")), *extra_flags]
-    key = hashlib.sha256("\0".join([text, " ".join(flags), _nvcc_version(compiler)]).encode()).hexdigest()[:16]
+    # the checkout's own folders named relative to it: a moved or copied checkout finds what it compiled
+    root = sources.sources_root()
+    keyed = " ".join(Path(f).relative_to(root).as_posix() if Path(f).is_relative_to(root) else f for f in flags)
+    key = hashlib.sha256("\0".join([text, keyed, _nvcc_version(compiler)]).encode()).hexdigest()[:16]
     cubin = cache_dir() / f"{path.stem}-{arch}-{key}.cubin"
-    if cubin.is_file():
+    if cache.intact(cubin):  # compiled, and still what that compilation recorded
         return cubin
     cubin.parent.mkdir(parents=True, exist_ok=True)
     # Written under a name of its own and renamed: a concurrent build never sees half a cubin.
@@ -134,6 +137,7 @@ def compile_cubin(source: str | Path, arch: str, extra_flags: tuple[str, ...] = 
             f"nvcc failed on {source} for {arch}:\n{' '.join(command)}\n{(done.stdout + done.stderr)[-6000:]}"
         )
     os.replace(partial, cubin)
+    cache.record(cubin)
     return cubin
 
 

@@ -221,8 +221,10 @@ def test_the_cpu_roof_is_measured_and_kept_at_its_best(tmp_path, monkeypatch):
     assert roofs["float32"]["best"] > roofs["float64"]["best"]  # twice the lanes
     kept = json.loads((tmp_path / "matmul-reference" / "cpu-roofs.json").read_text())
     (key,) = kept
-    better = round(roofs["float32"]["best"] * 1.5, 2)
-    kept[key]["float32"]["best"] = better  # a better earlier measurement is kept, not lowered
+    # a better earlier measurement is kept, not lowered (while within what the machine allows)
+    best, bound = roofs["float32"]["best"], machine.roof_bound("float32")
+    better = round(min(best * 1.5, (best + bound) / 2), 2)
+    kept[key]["float32"]["best"] = better
     (tmp_path / "matmul-reference" / "cpu-roofs.json").write_text(json.dumps(kept))
     machine.measured_fma_roofs.cache_clear()
     assert machine.cpu_peak_gflops("float32", cores=2) == 2 * better

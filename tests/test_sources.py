@@ -22,44 +22,54 @@ def test_python_source_reloads_after_an_edit(tmp_path, monkeypatch):
     assert sources.load_python_source("python/edited.py").VALUE == 2
 
 
-def test_c_library_is_stale_when_a_source_is_newer(tmp_path):
-    (tmp_path / "c").mkdir()
-    (tmp_path / "harness").mkdir()
-    (tmp_path / "CMakeLists.txt").write_text("")
-    source = tmp_path / "c" / "kernel.c"
-    source.write_text("")
-    glue = tmp_path / "harness" / "call_glue.py"  # generates the call glue the build compiles
-    glue.write_text("")
-    library = tmp_path / "libmatmul.so"
+def _fake_checkout(root):
+    (root / "c").mkdir()
+    (root / "harness").mkdir()
+    (root / "CMakeLists.txt").write_text("")
+    (root / "harness" / "call_glue.py").write_text("")  # generates the call glue the build compiles
+    (root / "c" / "kernel.c").write_text("int kernel;\n")
+    return root / "libmatmul.so"
+
+
+def test_c_library_is_stale_when_a_source_changes(tmp_path):
+    library = _fake_checkout(tmp_path)
     assert clib._is_stale(library, tmp_path)  # missing
-    library.write_text("")
-    past = time.time() - 100
-    for path in (source, glue, tmp_path / "CMakeLists.txt"):
-        os.utime(path, (past, past))
+    library.write_bytes(b"a library")
     assert clib._is_stale(library, tmp_path)  # no stamp: a build that never finished
-    clib._stamp(library).write_text(clib._fingerprint(library))
+    clib.write_stamp(library, tmp_path)
     assert not clib._is_stale(library, tmp_path)
+    for edited in (tmp_path / "c" / "kernel.c", tmp_path / "harness" / "call_glue.py", tmp_path / "CMakeLists.txt"):
+        before = edited.read_text()
+        edited.write_text(before + "/* edited */\n")
+        assert clib._is_stale(library, tmp_path), edited
+        edited.write_text(before)  # the same contents again: current, whatever the file's time
+        assert not clib._is_stale(library, tmp_path)
+    (tmp_path / "c" / "new.h").write_text("")  # a new header is a new input
+    assert clib._is_stale(library, tmp_path)
+
+
+def test_c_library_staleness_reads_contents_not_times(tmp_path):
+    library = _fake_checkout(tmp_path)
+    library.write_bytes(b"a library")
+    clib.write_stamp(library, tmp_path)
     future = time.time() + 100
-    for newer in (source, glue):
-        os.utime(newer, (future, future))
-        assert clib._is_stale(library, tmp_path)
-        os.utime(newer, (past, past))
+    for path in (tmp_path / "c" / "kernel.c", tmp_path / "CMakeLists.txt", library):
+        os.utime(path, (future, future))  # what `cp -r` does to every file, in some order
+    assert not clib._is_stale(library, tmp_path)
+    library.write_bytes(b"a librar")  # truncated since its build: same time, other bytes
+    os.utime(library, (future, future))
+    assert clib._is_stale(library, tmp_path)
 
 
 def test_c_library_built_on_another_cpu_is_stale(tmp_path, monkeypatch):
     # The checkout's build uses -march=native: a checkout moved to another CPU (a shared home
     # folder, a copied tree) must be rebuilt there, not loaded.
-    (tmp_path / "c").mkdir()
-    (tmp_path / "harness").mkdir()
-    for path in (tmp_path / "CMakeLists.txt", tmp_path / "harness" / "call_glue.py"):
-        path.write_text("")
-        os.utime(path, (time.time() - 100,) * 2)
-    library = tmp_path / "libmatmul.so"
-    library.write_text("")
-    clib._stamp(library).write_text(clib._fingerprint(library))
+    library = _fake_checkout(tmp_path)
+    library.write_bytes(b"a library")
+    clib.write_stamp(library, tmp_path)
     assert not clib._is_stale(library, tmp_path)
     monkeypatch.setattr(clib, "this_cpu", lambda: "another cpu")
-    assert clib._is_stale(library, tmp_path)
+    assert clib._stale_reason(library, tmp_path) == clib.BUILT_ON_ANOTHER_CPU
 
 
 def test_a_library_compiled_for_instructions_this_cpu_lacks_is_refused_by_name():

@@ -13,14 +13,13 @@ and its result is dropped. Shorter calls, which users time, stay direct.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import threading
 
 import numpy as np
 
 from .. import clib
 from ..core import BrokenError, Implementation, MatmulInputError, UnavailableError
+from ..interrupts import call_interruptibly
 from ..registry import register
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
@@ -51,37 +50,6 @@ def empty_output(m: int, n: int, dtype: np.dtype) -> np.ndarray:
 # second or so), is made interruptible: the worker thread costs tens of microseconds, well
 # under 0.1% of such a call.
 INTERRUPTIBLE_AFTER_S = 0.2
-WAIT_SLICE_S = 0.05  # how often the waiting main thread lets a Ctrl-C in
-
-
-def call_interruptibly(function, args: tuple):
-    """``function(*args)``, made on a worker thread and waited for in slices, so Ctrl-C raises
-    KeyboardInterrupt here within WAIT_SLICE_S (see the module docstring)."""
-    if threading.current_thread() is not threading.main_thread():
-        return function(*args)  # only the main thread receives signals: nothing to gain
-    outcome: list = []
-
-    def work():
-        try:
-            outcome.append((True, function(*args)))
-        except BaseException as error:  # handed to the waiting thread
-            outcome.append((False, error))
-
-    # A daemon: a process that ends after a Ctrl-C does not wait for the abandoned call.
-    worker = threading.Thread(target=work, name="matmul C call", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(WAIT_SLICE_S)
-    except KeyboardInterrupt:
-        # C still writes through these buffers: one reference more than anything will ever
-        # release, so neither this frame's end nor the interpreter's shutdown frees them.
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(args))
-        raise
-    done, value = outcome[0]
-    if done:
-        return value
-    raise value
 
 
 class _CPrepared:

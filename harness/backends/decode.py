@@ -208,10 +208,11 @@ class CDecodeBackend:
         return _CPrepared(impl.name, function, ffi, x, w, weight_bytes, threads, DECODE_VARIANTS[variant])
 
 
-# One NumPy block at a time: about 5-8 us per block of 32 weights whatever M (this project's
-# Zen 4), so about 1e7 FLOP/s at M = 1, the slowest case; 1 x 4096 x 4096 takes some 3 seconds
-# and is the largest problem it takes unless allow_slow.
-PYTHON_DECODE_RATE = 1e7
+# One NumPy block at a time, at about the same cost per block of 32 weights whatever M, so M = 1
+# is the slowest case. Measured at 1x2048x4096 on an AMD EPYC (Zen 2), CPython 3.11, median of 3:
+# q8_0 6.8e6 FLOP/s, bf16 7.7e6, q4_0 4.2e6 (15 us per block); the estimate takes the slowest,
+# so 1 x 4096 x 4096, the largest problem it takes unless allow_slow, is "about 8 seconds".
+PYTHON_DECODE_RATE = 4e6
 PYTHON_DECODE_MAX_FLOPS = 2 * 4096 * 4096
 
 register(

@@ -8,10 +8,20 @@ from ..core import Implementation
 from ..registry import register
 from ..sources import load_python_source
 
-# Pure CPython manages roughly 10-20 MFLOP/s; 2*512^3 FLOPs (the by-hand text's exercise B)
-# is a few tens of seconds, 4096^3 would be hours.
+# The rates (FLOP/s) a refusal's estimate divides by, as measured: each loop order run three
+# times at 320^3 (1.8-2.0 s each; the median, prepared.run() only: the lists are made outside
+# it) by CPython 3.11 on an AMD EPYC (family 23, model 49: Zen 2; lscpu's model name "AMD
+# EPYC"), 2 cores. At 448^3 (5.4-5.9 s, one run each) each was 7-8% slower.
+# About 30-35 MFLOP/s, so 2*512^3 FLOPs (the by-hand text's exercise B) is some 8 seconds and
+# 4096^3 over an hour.
 PURE_PYTHON_MAX_FLOPS = 2 * 512**3
-PURE_PYTHON_RATE = 1.5e7
+IJK_RATE = 3.3e7  # 320^3 in 1.97 s
+IKJ_RATE = 3.6e7  # 320^3 in 1.82 s
+OUTER_RATE = 3.5e7  # 320^3 in 1.87 s
+# python.tiled_model pays per NumPy tile product (one per (i, j, p) triple of 16-tiles), not per
+# multiply-add: 1100^3 in 1.98 s (median of three, same machine and method), 1.35e9 FLOP/s;
+# 1280^3 (3.0 s) ran at 1.39e9, 2048^3 (13.7 s) at 1.25e9.
+TILED_MODEL_RATE = 1.35e9
 
 
 class _ListsPrepared:
@@ -72,8 +82,6 @@ class TiledModelBackend:
         return _TiledModelPrepared(module.tiled_matmul, a, b, int(options["tile"]))
 
 
-_slow = dict(max_flops=PURE_PYTHON_MAX_FLOPS, slow_rate=PURE_PYTHON_RATE)
-
 register(
     Implementation(
         name="python.ijk",
@@ -83,7 +91,8 @@ register(
         summary="textbook triple loop: each output a dot product of a row and a column",
         backend=PythonLoopsBackend("matmul_ijk"),
         source="python/loops.py",
-        **_slow,
+        max_flops=PURE_PYTHON_MAX_FLOPS,
+        slow_rate=IJK_RATE,
     )
 )
 register(
@@ -95,7 +104,8 @@ register(
         summary="i, p, j order: each row of C a running sum of scaled rows of B",
         backend=PythonLoopsBackend("matmul_ikj"),
         source="python/loops.py",
-        **_slow,
+        max_flops=PURE_PYTHON_MAX_FLOPS,
+        slow_rate=IKJ_RATE,
     )
 )
 register(
@@ -107,7 +117,8 @@ register(
         summary="sum of outer products: one rank-1 update of all of C per k",
         backend=PythonLoopsBackend("matmul_outer"),
         source="python/loops.py",
-        **_slow,
+        max_flops=PURE_PYTHON_MAX_FLOPS,
+        slow_rate=OUTER_RATE,
     )
 )
 register(
@@ -120,8 +131,9 @@ register(
         backend=TiledModelBackend(),
         source="python/tiling.py",
         options={"tile": 16},
-        # one NumPy tile product per (i, j, p) triple: about 2e8 FLOP/s, so 8192^3 takes 1.5 hours
-        max_flops=2 * 1024**3,
-        slow_rate=2e8,
+        # about as long as the loops' limit at its measured rate (2*1024^3 was some 10 s at the 2e8
+        # FLOP/s once assumed, and 1.6 s in fact); 8192^3 would take some 14 minutes
+        max_flops=2 * 1792**3,
+        slow_rate=TILED_MODEL_RATE,
     )
 )

@@ -37,7 +37,6 @@ import numpy as np
 from .. import gpu
 from ..core import Implementation
 from ..gpu import to_numpy
-from ..inputs import BFLOAT16
 from ..registry import register
 from ..sources import load_python_source
 from ..timing import Timing
@@ -127,7 +126,7 @@ def to_torch(array: np.ndarray, device: str):
     import torch
 
     array = np.array(array, copy=True, order="C")
-    if BFLOAT16 is not None and array.dtype == BFLOAT16:
+    if array.dtype.name == "bfloat16":
         # torch.from_numpy knows no ml_dtypes.bfloat16: move the bits as int16 and relabel them.
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(device)
     return torch.from_numpy(array).to(device)

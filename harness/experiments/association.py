@@ -21,7 +21,9 @@ DURATION = "about 10 seconds"  # on a 2-core machine, said before it starts
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--size", type=int, default=4096, help="the inner sizes (default 4096)")
+    from ..cli import count_at_least
+
+    parser.add_argument("--size", type=count_at_least(1), default=4096, help="the inner sizes (default 4096)")
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1)")
 
 

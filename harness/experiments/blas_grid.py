@@ -70,14 +70,24 @@ TARGET_SMALL = 0.7  # at 64^3
 
 
 def add_arguments(parser) -> None:
+    from ..cli import count_at_least, positive_seconds, shape_without_zeros
+
     parser.add_argument(
-        "--shapes", nargs="+", default=list(SHAPES), metavar="SHAPE", help="shapes, N or MxNxK (default: the grid)"
+        "--shapes",
+        nargs="+",
+        type=shape_without_zeros,
+        default=list(SHAPES),
+        metavar="SHAPE",
+        help="shapes, N or MxNxK (default: the grid)",
     )
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="thread counts (default 1 2)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
+    parser.add_argument("--rounds", type=count_at_least(1), default=5, help="interleaved rounds per case (default 5)")
     parser.add_argument(
-        "--sample-time", type=float, default=0.05, help="seconds each call is timed for in one round (default 0.05)"
+        "--sample-time",
+        type=positive_seconds,
+        default=0.05,
+        help="seconds each call is timed for in one round (default 0.05)",
     )
 
 

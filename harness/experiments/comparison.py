@@ -19,8 +19,14 @@ GPU_SHAPES = ("1024", "2048", "4096", "8192", "1x8192x8192", "1x16384x16384")
 
 
 def add_arguments(parser) -> None:
+    from ..cli import shape_without_zeros
+
     parser.add_argument(
-        "--shapes", nargs="+", default=None, help="default: 128 512 1024 1x4096x4096 (and GPU sizes with a GPU)"
+        "--shapes",
+        nargs="+",
+        type=shape_without_zeros,
+        default=None,
+        help="default: 128 512 1024 1x4096x4096 (and GPU sizes with a GPU)",
     )
     parser.add_argument("--threads", type=int, default=1)
 

@@ -41,11 +41,34 @@ OURS = ("c.decode", "c.decode_int8", "c.packed")  # c.packed: the float32 GEMV t
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), help="M = 1 shapes, 1xNxK")
-    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES), help="batch sizes M")
-    parser.add_argument("--batch-shape", default=BATCH_SHAPE, help="NxK of the batch sweep")
+    from ..cli import count_at_least, positive_seconds
+
+    parser.add_argument("--shapes", nargs="+", type=_decode_shape, default=list(SHAPES), help="M = 1 shapes, 1xNxK")
+    parser.add_argument("--batches", nargs="+", type=count_at_least(1), default=list(BATCHES), help="batch sizes M")
+    parser.add_argument("--batch-shape", type=_batch_shape, default=BATCH_SHAPE, help="NxK of the batch sweep")
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="thread counts of the M = 1 sweep")
-    parser.add_argument("--min-time", type=float, default=0.2, help="seconds of timed runs per row")
+    parser.add_argument("--min-time", type=positive_seconds, default=0.2, help="seconds of timed runs per row")
+
+
+def _decode_shape(text: str) -> str:
+    """--shapes: 1xNxK, N and K 1 or more."""
+    import argparse
+
+    from ..cli import shape_without_zeros
+
+    if parse_shape(shape_without_zeros(text)).m != 1:
+        raise argparse.ArgumentTypeError(f"invalid decode shape {text!r}: expected M = 1, 1xNxK")
+    return text
+
+
+def _batch_shape(text: str) -> str:
+    """--batch-shape: NxK, both 1 or more (the batch sweep's W [N, K])."""
+    import argparse
+
+    n, _, k = text.strip().lower().partition("x")
+    if not (n.isdigit() and k.isdigit() and int(n) >= 1 and int(k) >= 1):
+        raise argparse.ArgumentTypeError(f"invalid batch shape {text!r}: expected NxK, both 1 or more, e.g. 4096x14336")
+    return f"{int(n)}x{int(k)}"
 
 
 def _impls() -> list[str]:

@@ -20,7 +20,11 @@ GPU_SHAPES = ("1x8192x8192", "1x16384x16384")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--cpu-shapes", nargs="+", default=list(CPU_SHAPES), help="CPU GEMV shapes, 1xNxK")
+    from ..cli import shape_without_zeros
+
+    parser.add_argument(
+        "--cpu-shapes", nargs="+", type=shape_without_zeros, default=list(CPU_SHAPES), help="CPU GEMV shapes, 1xNxK"
+    )
 
 
 def run(out_dir, cpu_shapes=CPU_SHAPES) -> dict:

@@ -49,8 +49,10 @@ def shared_memory_limits() -> dict:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--size", type=int, default=256, help="square size (default 256)")
-    parser.add_argument("--tiles", type=int, nargs="+", default=[4, 8, 16, 32])
+    from ..cli import count_at_least
+
+    parser.add_argument("--size", type=count_at_least(1), default=256, help="square size (default 256)")
+    parser.add_argument("--tiles", type=count_at_least(1), nargs="+", default=[4, 8, 16, 32])
 
 
 def run(out_dir, size: int = 256, tiles=(4, 8, 16, 32)) -> dict:

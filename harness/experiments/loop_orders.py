@@ -28,7 +28,11 @@ C_ORDERS = ("c.naive_ijk", "c.naive_ikj", "c.blocked", "c.packed")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--size", type=int, default=512, help="square size (default 512; pure Python takes minutes)")
+    from ..cli import count_at_least
+
+    parser.add_argument(
+        "--size", type=count_at_least(1), default=512, help="square size (default 512; pure Python takes minutes)"
+    )
     parser.add_argument(
         "--dtype", default="float64", choices=["float32", "float64"], help="default float64: what Python's floats are"
     )
@@ -38,7 +42,8 @@ def run(out_dir, size: int = 512, dtype: str = "float64") -> dict:
     a, b = make_inputs(size, dtype)
     a.flags.writeable = b.flags.writeable = False  # every order multiplies the same, untouched inputs
     python_rows, products = [], {}
-    say(f"pure Python at {size}x{size}x{size}: three runs of roughly {2 * size**3 / 1.5e7:.0f} s each")
+    seconds = max(2 * size**3 / lookup(name).slow_rate for name in PYTHON_ORDERS)  # at their measured rates
+    say(f"pure Python at {size}x{size}x{size}: three runs of up to roughly {seconds:.0f} s each")
     for name in PYTHON_ORDERS:
         say(f"  running {name} ...")
         prepared = Matmul(lookup(name), allow_slow=True).prepare(a, b)

@@ -25,7 +25,11 @@ GPU_SHAPES = {"gemm": "4096", "gemv": "1x16384x16384"}
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--cpu-gemm", default=CPU_SHAPES["gemm"], help="CPU GEMM shape (default 1024)")
+    from ..cli import shape_without_zeros
+
+    parser.add_argument(
+        "--cpu-gemm", type=shape_without_zeros, default=CPU_SHAPES["gemm"], help="CPU GEMM shape (default 1024)"
+    )
 
 
 def intensity(shape: str, itemsize: int) -> float:

@@ -23,8 +23,10 @@ GPU_IMPLS = ("torch.cublas", "triton.matmul", "cuda.register_tiled", "cuda.wmma"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--size", type=int, default=4096, help="N = K (default 4096)")
-    parser.add_argument("--m", type=int, nargs="+", default=list(M_VALUES))
+    from ..cli import count_at_least
+
+    parser.add_argument("--size", type=count_at_least(1), default=4096, help="N = K (default 4096)")
+    parser.add_argument("--m", type=count_at_least(1), nargs="+", default=list(M_VALUES))
 
 
 def run(out_dir, size: int = 4096, m=M_VALUES) -> dict:

@@ -100,22 +100,28 @@ def _where(size: int, caches: dict) -> str:
 
 
 def add_arguments(parser) -> None:
-    from ..inputs import shape_argument
+    from ..cli import count_at_least, positive_seconds, shape_without_zeros
 
     parser.add_argument(
-        "--shape", type=shape_argument, default=parse_shape(1024), metavar="SHAPE", help="N or MxNxK (default 1024)"
+        "--shape",
+        type=shape_without_zeros,
+        default=parse_shape(1024),
+        metavar="SHAPE",
+        help="N or MxNxK (default 1024)",
     )
     parser.add_argument(
         "--tiles",
         nargs="+",
-        type=int,
+        type=count_at_least(1),
         default=[8, 16, 32, 64, 128, 256],
         metavar="TILE",
         help="tile sizes (default 8 16 32 64 128 256)",
     )
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--threads", type=int, default=1, help="threads for c.packed and the BLAS (default 1)")
-    parser.add_argument("--min-time", type=float, default=0.2, help="seconds of timed runs per point (default 0.2)")
+    parser.add_argument(
+        "--min-time", type=positive_seconds, default=0.2, help="seconds of timed runs per point (default 0.2)"
+    )
 
 
 def summarize(data: dict) -> str:

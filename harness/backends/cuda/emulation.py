@@ -1,15 +1,19 @@
 """The CPU emulation of CUDA (cuda/emu/): the same ``.cu`` files, compiled with g++.
 
 Opt-in with ``MATMUL_CUDA_EMULATE=1``. Needs a C++20 g++ (or ``$CXX``); each file is built into
-``build/cuda-emu/`` and rebuilt when it or the emulation changes. Launches come from plans.py,
-exactly as on the GPU. Rows are marked "emulated" and never timed: the emulator says nothing
-about speed, only about what the kernels compute (and, under its sanitizer variants, races
-and out-of-bounds accesses).
+``build/cuda-emu/`` and rebuilt when it or the emulation changes (the cache key hashes contents,
+never a path or a time, so a moved or copied checkout runs what it has built). A build is
+recorded by size and hash (harness/cache.py) and checked before it is used: one emptied or
+truncated since is built again, never loaded (a truncated library kills the process with
+SIGBUS). Launches come from plans.py, exactly as on the GPU. Rows are marked "emulated" and
+never timed: the emulator says nothing about speed, only about what the kernels compute (and,
+under its sanitizer variants, races and out-of-bounds accesses).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import re
@@ -21,13 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import files, sources
+from ... import cache, files, sources
 from ...clib import interprocess_lock
 from ...inputs import dtype_name
+from ...interrupts import call_interruptibly
 from ...switches import switch
 from . import tensormap
 from .plans import Launch, TensorMapArg
-from .toolkit import cache_root
+from .toolkit import cache_root, relative_to_sources
 
 EMULATE_ENV = "MATMUL_CUDA_EMULATE"
 
@@ -152,14 +157,17 @@ def build_emulation(
     path = sources.source_path(relative)
     text = path.read_text() if source_text is None else source_text
     flags = emulation_flags(variant, sanitize)
+    root = sources.sources_root()
     digest = hashlib.sha256()
+    # Contents and names relative to the checkout, never where it is: a moved or copied
+    # checkout (times reset or not) finds what it built under the same key.
     for part in (
         text,
         main,
-        " ".join(flags),
+        " ".join(relative_to_sources(flag) for flag in flags),
         _compiler_version(),
         str(executable),
-        *(p.read_text() for p in _emu_inputs()),
+        *(f"{p.relative_to(root).as_posix()}\0{p.read_text()}" for p in _emu_inputs()),
     ):
         digest.update(part.encode())
         digest.update(b"\0")
@@ -167,27 +175,39 @@ def build_emulation(
     out_dir = emu_build_dir()
     stem = f"{path.stem}{'-' + tag if tag else ''}-{variant}{'-' + sanitize if sanitize else ''}-{key}"
     output = out_dir / (stem + ("" if executable else ".so"))
-    # Built already: nothing to lock or write, so a read-only checkout runs what it has built.
-    if output.is_file():
+    # Built already, and byte for byte what its build recorded: nothing to lock or write, so a
+    # read-only checkout runs what it has built.
+    if cache.intact(output):
         return output
-    with _build_lock, interprocess_lock(out_dir):
-        if output.is_file():  # another process built it while this one waited
-            return output
-        kernels = kernel_names(text)
-        if not kernels:
-            raise RuntimeError(f'{relative} declares no extern "C" __global__ kernel')
-        source_file = out_dir / f"{stem}.src.cu"
-        files.write_text(source_file, text)
-        unit = out_dir / f"{stem}.cpp"
-        files.write_text(unit, translation_unit(source_file, kernels, main))
-        temporary = output.with_name(output.name + f".tmp{os.getpid()}")
-        command = [compiler(), *flags, *([] if executable else ["-shared"]), str(unit), "-o", str(temporary)]
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"compiling {relative} for the CPU emulation failed:\n{' '.join(command)}\n{done.stderr[-6000:]}"
-            )
-        os.replace(temporary, output)
+    try:
+        with _build_lock, interprocess_lock(out_dir):
+            if cache.intact(output):  # another process built it while this one waited
+                return output
+            cache.forget(output)  # a damaged one (emptied, truncated) and its record: never loaded
+            kernels = kernel_names(text)
+            if not kernels:
+                raise RuntimeError(f'{relative} declares no extern "C" __global__ kernel')
+            source_file = out_dir / f"{stem}.src.cu"
+            files.write_text(source_file, text)
+            unit = out_dir / f"{stem}.cpp"
+            files.write_text(unit, translation_unit(source_file, kernels, main))
+            temporary = output.with_name(output.name + f".tmp{os.getpid()}")
+            command = [compiler(), *flags, *([] if executable else ["-shared"]), str(unit), "-o", str(temporary)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"compiling {relative} for the CPU emulation failed:\n{' '.join(command)}\n{done.stderr[-6000:]}"
+                )
+            os.replace(temporary, output)
+            cache.record(output)  # last: only a finished build is ever found intact
+    except OSError as error:
+        if not isinstance(error, PermissionError) and error.errno != errno.EROFS:
+            raise
+        # a read-only checkout that lacks it: say so, never "not run here"
+        raise RuntimeError(
+            f"{output.name} must be built for the CPU emulation (it is missing, or changed since its build), "
+            f"but {out_dir} cannot be written ({error.strerror or error}): make it writable"
+        ) from error
     return output
 
 
@@ -303,6 +323,11 @@ class EmulatedPrepared:
         self.result_shape = result_shape
 
     def run(self) -> None:
+        # An emulated launch can take seconds (a big grid, --allow-slow): made where Ctrl-C still
+        # stops the wait for it. Its arguments hold self, so an abandoned launch keeps its buffers.
+        call_interruptibly(EmulatedPrepared._launch, (self,))
+
+    def _launch(self) -> None:
         self.library.launch(self.launch, self.pointers, self.tensor_maps)
 
     def result(self) -> np.ndarray:

@@ -17,7 +17,7 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
-from ... import files, sources
+from ... import cache, files, sources
 
 NVCC_OPTIONS = ("-std=c++17", "-O3")
 ARCHS = ("sm_80", "sm_90")  # what the compile check builds for (BF16 WMMA needs sm_80)
@@ -59,7 +59,7 @@ def cache_root() -> Path:
     """build/ in a checkout; a per-user cache for an installed wheel (its folder may be read-only)."""
     if sources.in_checkout():
         return sources.sources_root() / "build"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "matmul-reference"
+    return cache.user_cache_root()
 
 
 def _is_toolkit(root) -> bool:
@@ -109,7 +109,10 @@ def compile_cubin(relative: str, arch: str, defines: tuple[str, ...] = ()) -> tu
     ``defines`` are macros to define (``MATMUL_PROGRESS``: cuda/progress.h).
 
     Raises RuntimeError with nvcc's message when the file does not compile. Cached under
-    build/cuda-cubin/ on the source text, the flags and the nvcc version.
+    build/cuda-cubin/ on the source text, the flags (with the checkout's own folders named
+    relative to it, so a moved or copied checkout finds what it compiled) and the nvcc version;
+    a cached cubin or log that is no longer what its compilation recorded (harness/cache.py) is
+    compiled again, never loaded.
     """
     compiler = nvcc()
     if not compiler:
@@ -126,11 +129,12 @@ def compile_cubin(relative: str, arch: str, defines: tuple[str, ...] = ()) -> tu
         str(path.parent),
         *(f"-D{name}" for name in defines),
     ]
-    key = hashlib.sha256("\0".join([text, " ".join(flags), nvcc_version()]).encode()).hexdigest()[:16]
+    keyed = " ".join(relative_to_sources(flag) for flag in flags)
+    key = hashlib.sha256("\0".join([text, keyed, nvcc_version()]).encode()).hexdigest()[:16]
     out_dir = cache_root() / "cuda-cubin"
     cubin = out_dir / f"{path.stem}-{arch}-{key}.cubin"
     log_file = cubin.with_suffix(".log.json")
-    if cubin.is_file() and log_file.is_file():
+    if cache.intact(cubin) and cache.intact(log_file):
         return cubin, json.loads(log_file.read_text())["log"]
     out_dir.mkdir(parents=True, exist_ok=True)
     temporary = cubin.with_name(f"{cubin.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -140,8 +144,18 @@ def compile_cubin(relative: str, arch: str, defines: tuple[str, ...] = ()) -> tu
     if done.returncode != 0:
         temporary.unlink(missing_ok=True)
         raise RuntimeError(f"nvcc failed on {relative} for {arch}:\n{' '.join(command)}\n{log[-6000:]}")
-    # The log first, then the cubin, each replaced atomically: a cubin found implies its log.
+    # The log first, then the cubin, each replaced atomically and recorded once whole: a cubin
+    # found intact implies its log.
     with _compile_lock:
         files.write_text(log_file, json.dumps({"log": log}))
+        cache.record(log_file)
         os.replace(temporary, cubin)
+        cache.record(cubin)
     return cubin, log
+
+
+def relative_to_sources(flag: str) -> str:
+    """``flag`` with the checkout's own folder left out (an include folder of the sources), for
+    cache keys that do not change when the checkout is moved or copied."""
+    root = sources.sources_root()
+    return Path(flag).relative_to(root).as_posix() if Path(flag).is_relative_to(root) else flag
