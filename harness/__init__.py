@@ -13,7 +13,7 @@ Shapes are ``N`` (square) or ``MxNxK``: C = A @ B is M x N and K is the inner di
 from . import quant as quant  # decode weight formats: harness.quant.quantize(w, "q4_0")
 from .checking import check, reference, tolerance
 from .compare import Results, Row, compare
-from .core import BrokenError, Implementation, Matmul, MatmulInputError, UnavailableError
+from .core import Backend, BrokenError, Implementation, Matmul, MatmulInputError, Prepared, UnavailableError
 from .external import add_external
 from .inputs import Shape, make_inputs, parse_shape
 from .registry import REGISTRY, implementations, lookup, register
@@ -26,11 +26,13 @@ def get(name: str, **options) -> Matmul:
 
 __all__ = [
     "REGISTRY",
+    "Backend",
     "BrokenError",
     "add_external",
     "Implementation",
     "Matmul",
     "MatmulInputError",
+    "Prepared",
     "Results",
     "Row",
     "Shape",

@@ -353,7 +353,7 @@ class _InProcess:
 
     def prepare(self, a, b, limit_s) -> str:
         self.prepared = self.matmul.prepare(a, b)
-        self.loader = getattr(self.prepared, "loader", None)
+        self.loader = self.prepared.loader
         return self.prepared.mode
 
     def run(self, limit_s) -> np.ndarray:
@@ -362,9 +362,9 @@ class _InProcess:
 
     def time(self, min_time: float, settle_s: float, limit_s) -> Timing:
         # GPU adapters time themselves (CUDA events, L2 flushed); the rest use perf_counter.
-        own_timer = getattr(self.prepared, "time", None)
-        if own_timer:
-            return own_timer(min_time)
+        timing = self.prepared.time(min_time)
+        if timing is not None:
+            return timing
         time.sleep(settle_s)
         return time_cpu(self.prepared.run, min_time=min_time)
 
@@ -464,8 +464,7 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
     if impl.device == "cpu":
         peak = machine.cpu_peak_gflops(dtype, cores=row.threads or 1)
     else:
-        peak_of = getattr(impl.backend, "peak_gflops", None)
-        peak = peak_of(impl, dtype) if peak_of else None
+        peak = impl.backend.peak_gflops(impl, dtype)
     row.peak_pct = 100.0 * row.gflops / peak if peak else None
     return row
 

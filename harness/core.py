@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping
 
 import numpy as np
 
 from .inputs import Shape, dtype_name, numpy_dtype
 from .switches import switch
+from .timing import Timing
 
 ALLOW_SLOW_ENV = "MATMUL_ALLOW_SLOW"
 
@@ -46,27 +48,73 @@ class BrokenError(UnavailableError):
     comparison reports as an error, unlike a machine that lacks a GPU or a package."""
 
 
-class Prepared(Protocol):
-    mode: str  # "native", or "emulated"/"interpreted" for CPU stand-ins that are never timed
+class Prepared:
+    """One problem made ready to run (by ``Backend.prepare``): ``run()`` is the timed call,
+    ``result()`` the product as a NumPy array. Subclass it; the attributes and ``time`` below
+    are the defaults a subclass overrides where they differ."""
 
-    def run(self) -> None: ...
+    mode = "native"  # or "emulated" / "interpreted": a CPU stand-in for GPU code, checked and never timed
+    loader = None  # what loaded a compiled GPU kernel (pycuda, cupy, emulation), for the row
 
-    def result(self) -> np.ndarray: ...
+    def run(self) -> None:
+        """The multiplication, and nothing else (GPU work synchronised before it returns)."""
+        raise NotImplementedError(f"{type(self).__name__} must define run()")
+
+    def result(self) -> np.ndarray:
+        """The product of the last run, as a new NumPy array."""
+        raise NotImplementedError(f"{type(self).__name__} must define result()")
+
+    def time(self, min_time: float) -> Timing | None:
+        """A timing it takes itself (GPU adapters: CUDA events, L2 flushed between repeats), or
+        None: the harness then times ``run()`` with perf_counter (timing.time_cpu)."""
+        return None
 
 
-class Backend(Protocol):
+class Backend(ABC):
+    """The adapter for one language: how its implementations are loaded, checked and run.
+
+    Subclass it, define the two abstract hooks, and override the others where the default
+    (each says what it is) is wrong for your language. The harness calls nothing else."""
+
+    @abstractmethod
     def unavailable_reason(self, impl: "Implementation") -> str | None:
-        """None when the implementation can run here, else why not."""
+        """None when the implementation can run here, else why not (raise BrokenError where its
+        build or load failed: a fault, unlike a machine that lacks a GPU)."""
 
-    def prepare(self, impl: "Implementation", a: np.ndarray, b: np.ndarray, options: Mapping[str, Any]) -> Prepared:
+    @abstractmethod
+    def prepare(self, impl: "Implementation", a: np.ndarray, b, options: Mapping[str, Any]) -> Prepared:
         """Convert and stage the (validated, C-contiguous) inputs; nothing timed happens here."""
 
-    # Optional: ``run_mode(impl) -> "native" | "emulated" | "interpreted"``, how prepare() would
-    # run here. CPU stand-ins for GPU code are slow, so compare() caps their problem size.
-    # Optional: ``shape_problem(impl, shape) -> str | None``, why a kernel cannot take a shape
-    # that its metadata allows (torch's int4 kernel needs N to be a multiple of 16).
-    # Optional: ``bind(impl, options) -> call(a, b) -> ndarray``, the direct call that
-    # ``Matmul.__call__`` uses when it exists: the per-call work alone (no staging, no copy).
+    def run_mode(self, impl: "Implementation") -> str:
+        """How prepare() would run here: "native", or "emulated"/"interpreted" for a CPU
+        stand-in of GPU code (slow: compare() caps its problem size). Default: native."""
+        return "native"
+
+    def estimate_seconds(self, impl: "Implementation", shape: Shape, dtype: str) -> float | None:
+        """How long a stand-in run of ``shape`` would take, from the launch it would make (a
+        GEMV of 10^6 outputs is cheap in FLOPs and slow in an interpreter). Default None: its
+        FLOPs at STAND_IN_FALLBACK_FLOPS_PER_S."""
+        return None
+
+    def shape_problem(self, impl: "Implementation", shape: Shape) -> str | None:
+        """Why a kernel cannot take a shape its metadata allows (torch's int4 kernel needs N to
+        be a multiple of 16), or None (the default)."""
+        return None
+
+    def bind(self, impl: "Implementation", options: Mapping[str, Any]):
+        """``call(a, b) -> ndarray``, the direct call ``Matmul.__call__`` makes: the per-call
+        work alone (no staging, no copy of the result). Default None: prepare, run, result."""
+        return None
+
+    def peak_gflops(self, impl: "Implementation", dtype: str) -> float | None:
+        """The peak FLOP rate a GPU row's % peak is taken against (CPU rows use the measured
+        roof of the cores they ran on). Default None: no % peak."""
+        return None
+
+    def describe(self, impl: "Implementation") -> str | None:
+        """What the implementation runs on this machine when that varies (a library's version
+        and kernel set), for the table's notes and the JSON. Default None."""
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +140,13 @@ class Implementation:
     activation_rounding: str | None = None  # "q8_0": rounds X to Q8_0 blocks before multiplying (ggml's CPU
     # mat-vec); checked with the extra error that implies
     # (activation_error.py), on top of the float32 model
+
+    def __post_init__(self):
+        if not isinstance(self.backend, Backend):
+            raise TypeError(
+                f"{self.name}: backend must be a harness.Backend (subclass it and define unavailable_reason and "
+                f"prepare), got {type(self.backend).__name__}"
+            )
 
     def unavailable_reason(self) -> str | None:
         return self.availability()[0]
@@ -123,16 +178,13 @@ STAND_IN_FALLBACK_FLOPS_PER_S = 5e7
 
 def run_mode(impl: Implementation) -> str:
     """How ``impl`` runs on this machine: native, or a CPU stand-in (emulated, interpreted)."""
-    probe = getattr(impl.backend, "run_mode", None)
-    return probe(impl) if probe else "native"
+    return impl.backend.run_mode(impl)
 
 
 def stand_in_seconds(impl: Implementation, shape: Shape, dtype, mode: str) -> float:
     """How long ``impl`` would take on ``shape`` running ``mode`` (emulated, interpreted) here."""
-    estimate = getattr(impl.backend, "estimate_seconds", None)
-    if estimate is not None:
-        return estimate(impl, shape, dtype_name(dtype))
-    return shape.flops / STAND_IN_FALLBACK_FLOPS_PER_S
+    estimate = impl.backend.estimate_seconds(impl, shape, dtype_name(dtype))
+    return estimate if estimate is not None else shape.flops / STAND_IN_FALLBACK_FLOPS_PER_S
 
 
 def duration_text(seconds: float) -> str:
@@ -179,8 +231,7 @@ def check_problem(impl: Implementation, shape: Shape, dtype, allow_slow: bool | 
         raise MatmulInputError(f"{impl.name} does not support dtype {name} (it supports {', '.join(impl.dtypes)})")
     if impl.operation == "gemv" and shape.m != 1:
         raise MatmulInputError(f"{impl.name} is a GEMV: it needs M = 1 (A of shape (1, K)), got A with M = {shape.m}")
-    shape_problem = getattr(impl.backend, "shape_problem", None)
-    problem = shape_problem(impl, shape) if shape_problem else None
+    problem = impl.backend.shape_problem(impl, shape)
     if problem:
         raise MatmulInputError(f"{impl.name} {problem}, got {shape} (MxNxK)")
     if impl.multiple_of > 1 and any(d % impl.multiple_of for d in shape):
@@ -362,7 +413,7 @@ def tried_to_write_inputs(error: BaseException) -> bool:
 
 
 @dataclass
-class EmptyProduct:
+class EmptyProduct(Prepared):
     product: np.ndarray
     mode: str = "native"
 
@@ -412,7 +463,13 @@ class Matmul:
             # implementation gives what NumPy gives (zeros when K = 0, else an empty array).
             # (and it runs where the implementation would: a CPU stand-in's row is not timed)
             return EmptyProduct(np.zeros(output_shape(a, b), dtype=a.dtype), mode=run_mode(self.impl))
-        return self.impl.backend.prepare(self.impl, a, b, self.options)
+        prepared = self.impl.backend.prepare(self.impl, a, b, self.options)
+        if not isinstance(prepared, Prepared):
+            raise TypeError(
+                f"{type(self.impl.backend).__name__}.prepare returned {type(prepared).__name__}: it must return a "
+                "harness.Prepared (subclass it: run() and result())"
+            )
+        return prepared
 
     def __call__(self, a, b) -> np.ndarray:
         fast = self._fast
@@ -477,14 +534,8 @@ class Matmul:
         """The backend's ``bind(impl, options)`` call, made once per Matmul (the options are
         fixed, so they are checked once), or None for backends that only prepare."""
         if self._call is None:
-            bind = getattr(self.impl.backend, "bind", None)
-            if bind is None:
-                self._call = False
-            else:
-                reason, broken = self.impl.availability()
-                if reason:
-                    raise (BrokenError if broken else UnavailableError)(
-                        f"{self.impl.name} is unavailable here: {reason}"
-                    )
-                self._call = bind(self.impl, self.options)
+            reason, broken = self.impl.availability()
+            if reason:
+                raise (BrokenError if broken else UnavailableError)(f"{self.impl.name} is unavailable here: {reason}")
+            self._call = self.impl.backend.bind(self.impl, self.options) or False
         return self._call or None

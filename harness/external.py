@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from . import cache, sources
-from .core import Implementation
+from .core import Backend, Implementation, Prepared
 from .interrupts import call_interruptibly
 from .registry import REGISTRY, register
 
@@ -143,8 +143,7 @@ def implementation_from_recipe(recipe: tuple) -> Implementation:
     )
 
 
-class _Prepared:
-    mode = "native"
+class _Prepared(Prepared):
 
     def __init__(self, call, a, b):
         self.call, self.a, self.b = call, a, b
@@ -157,7 +156,7 @@ class _Prepared:
         return self.c
 
 
-class _PythonFunction:
+class _PythonFunction(Backend):
     def __init__(self, path: Path, function: str):
         self.path, self.function = path, function
 
@@ -187,7 +186,7 @@ class _PythonFunction:
         return _Prepared(self._load(), a, b)
 
 
-class _CFunction:
+class _CFunction(Backend):
     def __init__(self, path: Path, function: str):
         self.path, self.function = path, function
         self._loaded: tuple[str, ctypes.CDLL] | None = None  # (built library's path, it)

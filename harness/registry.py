@@ -50,11 +50,10 @@ def implementations(*patterns: str) -> list[Implementation]:
 def describe(impl: Implementation) -> str | None:
     """What the implementation runs on this machine when that varies (a peer library's version
     and kernel set), or None."""
-    describer = getattr(impl.backend, "describe", None)
-    if describer is None or not impl.available:
+    if not impl.available:
         return None
     try:
-        return describer(impl)
+        return impl.backend.describe(impl)
     except Exception as error:  # a description is a courtesy: never a reason for a row to fail
         return f"({type(error).__name__}: {error})"
 

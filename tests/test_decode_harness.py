@@ -15,7 +15,7 @@ from harness.cli import main
 from harness.core import MatmulInputError
 
 
-class _DequantizingBackend:
+class _DequantizingBackend(harness.Backend):
     """A user's decode kernel: dequantize W, then X @ W^T in float32 (what a weight-only kernel
     computes), or a deliberately wrong variant."""
 
@@ -31,8 +31,7 @@ class _DequantizingBackend:
         backend.prepared += 1
         assert isinstance(b, quant.QuantizedWeights) and a.dtype == np.float32
 
-        class Prepared:
-            mode = "native"
+        class Prepared(harness.Prepared):
 
             def run(self):
                 w = b.dequantize()

@@ -12,7 +12,7 @@ from harness import registry
 from harness.backends import peers
 
 
-class _FunctionBackend:
+class _FunctionBackend(harness.Backend):
     def __init__(self, function):
         self.function = function
 
@@ -22,8 +22,7 @@ class _FunctionBackend:
     def prepare(self, impl, a, b, options):
         function = self.function
 
-        class Prepared:
-            mode = "native"
+        class Prepared(harness.Prepared):
 
             def run(self):
                 self.c = function(a, b)

@@ -37,7 +37,7 @@ def writable_alias(x: np.ndarray) -> np.ndarray:
     return np.ctypeslib.as_array(pointer, shape=x.shape)
 
 
-class _Writer:
+class _Writer(harness.Prepared):
     """A Prepared whose run() does what ``behaviour`` says to its inputs, and returns its product."""
 
     mode = "native"
@@ -75,7 +75,7 @@ def double_a_on_the_second_call(p):
     return product
 
 
-class _WriterBackend:
+class _WriterBackend(harness.Backend):
     def __init__(self, behaviour):
         self.behaviour = behaviour
 

@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from .. import clib
-from ..core import BrokenError, Implementation, MatmulInputError, UnavailableError
+from ..core import Backend, BrokenError, Implementation, MatmulInputError, Prepared, UnavailableError
 from ..interrupts import call_interruptibly
 from ..registry import register
 
@@ -52,11 +52,10 @@ def empty_output(m: int, n: int, dtype: np.dtype) -> np.ndarray:
 INTERRUPTIBLE_AFTER_S = 0.2
 
 
-class _CPrepared:
+class _CPrepared(Prepared):
     """The prepare/run/result split of core.py, for the harness's timer: the output and the
     pointers are made here, so run() is the C call alone."""
 
-    mode = "native"
 
     def __init__(self, backend, function, ffi, a, b, extra_args, interruptible: bool = False):
         self.a, self.b = a, b  # keep the arrays alive while C holds pointers into them
@@ -88,7 +87,7 @@ class _CPrepared:
 _CTYPES = {"float32": "float[]", "float64": "double[]"}
 
 
-class CBackend:
+class CBackend(Backend):
     """Calls ``matmul_<kernel>_<f32|f64>(A, B, C, M, N, K, *options)`` from the C library.
 
     ``option_names`` lists, in the C signature's order, the implementation options passed

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import clib
-from ..core import BrokenError, Implementation, MatmulInputError, UnavailableError
+from ..core import Backend, BrokenError, Implementation, MatmulInputError, Prepared, UnavailableError
 from ..quant import FORMATS, QuantizedWeights
 from ..registry import register
 from ..sources import load_python_source
@@ -66,8 +66,7 @@ def decode_inputs(impl: Implementation, a, b) -> tuple[np.ndarray, QuantizedWeig
 # ---- python.decode ---------------------------------------------------------------------------
 
 
-class _PythonPrepared:
-    mode = "native"
+class _PythonPrepared(Prepared):
 
     def __init__(self, function, x, w):
         self.function, self.x, self.w = function, x, w
@@ -80,7 +79,7 @@ class _PythonPrepared:
         return self.y
 
 
-class PythonDecodeBackend:
+class PythonDecodeBackend(Backend):
     """Calls python/decode.py's ``decode(x, format, n, k, data)``."""
 
     def unavailable_reason(self, impl):
@@ -134,8 +133,7 @@ def check_decode_status(name: str, code: int) -> None:
         )
 
 
-class _CPrepared:
-    mode = "native"
+class _CPrepared(Prepared):
 
     def __init__(self, name, function, ffi, x, w, weight_bytes, threads, variant):
         self.name = name
@@ -179,7 +177,7 @@ def pack_int8_weights(w: QuantizedWeights) -> np.ndarray:
     return packed
 
 
-class CDecodeBackend:
+class CDecodeBackend(Backend):
     """``<prefix>_f32(X, W, Y, M, N, K, format, threads, variant)``: c/decode.c's matmul_decode_f32,
     or c/decode_int8.c's matmul_decode_int8_f32 (prefix="matmul_decode_int8"), which takes W
     repacked by matmul_decode_int8_pack: done here in prepare(), outside the timed product, as

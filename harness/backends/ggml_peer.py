@@ -32,7 +32,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..core import Implementation, MatmulInputError
+from ..core import Backend, Implementation, MatmulInputError, Prepared
 from ..quant import QuantizedWeights
 from ..registry import register
 from .c import thread_option
@@ -89,8 +89,7 @@ def check_round_trip(weights: QuantizedWeights) -> None:
             )
 
 
-class _GgmlPrepared:
-    mode = "native"
+class _GgmlPrepared(Prepared):
 
     def __init__(self, x: np.ndarray, w: QuantizedWeights, threads: int):
         ggml = self._ggml = _ggml()
@@ -146,7 +145,7 @@ class _GgmlPrepared:
             self.ctx = None
 
 
-class GgmlBackend:
+class GgmlBackend(Backend):
     """ggml's CPU mul_mat through ggml-python (see the module docstring)."""
 
     def unavailable_reason(self, impl):

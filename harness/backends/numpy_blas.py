@@ -20,12 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import Implementation
+from ..core import Backend, Implementation, Prepared
 from ..registry import register
 
 
-class _NumpyPrepared:
-    mode = "native"
+class _NumpyPrepared(Prepared):
 
     def __init__(self, a, b):
         self.a, self.b = a, b
@@ -156,7 +155,7 @@ def _kernels_in_a_fresh_python(api: str, filepath: str | None, forcing: tuple, k
     return match.group(1).replace("Intel(R) ", "") if match else None
 
 
-class NumpyBackend:
+class NumpyBackend(Backend):
     def unavailable_reason(self, impl):
         return None
 

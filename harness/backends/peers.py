@@ -28,7 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..core import Implementation
+from ..core import Backend, Implementation, Prepared
 from ..registry import register
 
 # CBLAS enums
@@ -89,8 +89,7 @@ def blis_description() -> str | None:
     return text + generic if "generic kernels" in text else text
 
 
-class _BlisPrepared:
-    mode = "native"
+class _BlisPrepared(Prepared):
 
     def __init__(self, a, b, threads):
         self.c = np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)
@@ -136,7 +135,7 @@ class _BlisPrepared:
         return self.c.copy()
 
 
-class BlisBackend:
+class BlisBackend(Backend):
     def unavailable_reason(self, impl):
         if blis_description() is None:
             return f"{system_blis()[1]}, and the blis package is not installed"
@@ -189,8 +188,7 @@ class BlisBackend:
         return _BlisPrepared(a, b, options.get("threads"))
 
 
-class _TorchPrepared:
-    mode = "native"
+class _TorchPrepared(Prepared):
 
     def __init__(self, a, b, threads):
         import torch
@@ -210,7 +208,7 @@ class _TorchPrepared:
         return self.c.numpy().copy()
 
 
-class TorchCpuBackend:
+class TorchCpuBackend(Backend):
     def unavailable_reason(self, impl):
         try:
             import torch  # noqa: F401
@@ -249,8 +247,7 @@ class TorchCpuBackend:
         return _TorchPrepared(a, b, options.get("threads"))
 
 
-class _TorchInt4Prepared:
-    mode = "native"
+class _TorchInt4Prepared(Prepared):
 
     def __init__(self, x: np.ndarray, weights, threads):
         import torch

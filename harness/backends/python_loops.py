@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import Implementation
+from ..core import Backend, Implementation, Prepared
 from ..registry import register
 from ..sources import load_python_source
 
@@ -24,8 +24,7 @@ OUTER_RATE = 3.5e7  # 320^3 in 1.87 s
 TILED_MODEL_RATE = 1.35e9
 
 
-class _ListsPrepared:
-    mode = "native"
+class _ListsPrepared(Prepared):
 
     def __init__(self, function, a, b):
         self.function = function
@@ -42,7 +41,7 @@ class _ListsPrepared:
         return np.array(self.output, dtype=np.float64).reshape(self.shape).astype(self.dtype)
 
 
-class PythonLoopsBackend:
+class PythonLoopsBackend(Backend):
     """Calls ``function(a_rows, b_rows) -> c_rows`` from a source file in python/."""
 
     def __init__(self, function: str):
@@ -56,8 +55,7 @@ class PythonLoopsBackend:
         return _ListsPrepared(getattr(module, self.function), a, b)
 
 
-class _TiledModelPrepared:
-    mode = "native"
+class _TiledModelPrepared(Prepared):
 
     def __init__(self, function, a, b, tile):
         self.function, self.a, self.b, self.tile = function, a, b, tile
@@ -71,7 +69,7 @@ class _TiledModelPrepared:
         return self.output
 
 
-class TiledModelBackend:
+class TiledModelBackend(Backend):
     """The chapter-12 ``tiled_matmul(a, b, tile) -> (C, elements_loaded)`` model."""
 
     def unavailable_reason(self, impl):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import gpu
-from ..core import Implementation
+from ..core import Backend, Implementation, Prepared
 from ..registry import register
 from ..timing import Timing
 
@@ -25,8 +25,7 @@ def exact_cublas_settings() -> None:
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
 
 
-class _TorchPrepared:
-    mode = "native"
+class _TorchPrepared(Prepared):
 
     def __init__(self, a, b):
         import torch
@@ -55,7 +54,7 @@ class _TorchPrepared:
         return gpu.to_numpy(self.c)
 
 
-class TorchCudaBackend:
+class TorchCudaBackend(Backend):
     def unavailable_reason(self, impl):
         return gpu.cuda_unavailable_reason()
 

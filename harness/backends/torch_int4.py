@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import gpu
-from ..core import Implementation, MatmulInputError
+from ..core import Backend, Implementation, MatmulInputError, Prepared
 from ..registry import register
 from ..timing import Timing
 
@@ -42,8 +42,7 @@ def int4_operands(weights):
     return q, scales
 
 
-class _Prepared:
-    mode = "native"
+class _Prepared(Prepared):
 
     def __init__(self, x: np.ndarray, weights):
         import torch
@@ -78,7 +77,7 @@ class _Prepared:
         return gpu.to_numpy(self.y.float())
 
 
-class TorchInt4Backend:
+class TorchInt4Backend(Backend):
     def unavailable_reason(self, impl):
         reason = gpu.cuda_unavailable_reason()
         if reason:

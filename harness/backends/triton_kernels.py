@@ -35,7 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import gpu
-from ..core import Implementation
+from ..core import Backend, Implementation, Prepared
 from ..gpu import to_numpy
 from ..registry import register
 from ..sources import load_python_source
@@ -229,7 +229,7 @@ def interpreter_itemsize(ptrs) -> int:
 
 
 # --- the Prepared and the backend -------------------------------------------------------------------
-class _TritonPrepared:
+class _TritonPrepared(Prepared):
     def __init__(self, mode: str, launch, shape: tuple[int, int]):
         self.mode = mode
         self.launch = launch
@@ -261,7 +261,7 @@ class _TritonPrepared:
         return gpu.time_cuda(self.launch, min_time)
 
 
-class TritonBackend:
+class TritonBackend(Backend):
     """Loads ``function`` from a file in triton/ and calls it on torch tensors.
 
     ``gemv`` backends take the harness's M = 1 problem, A [1, K] and B [K, N], as

@@ -82,8 +82,7 @@ def measure(name: str, a: np.ndarray, b: np.ndarray, min_time: float = 0.2, thre
                 return {**entry, "skipped": f"FAILED its check: {outcome.message}"}
             if prepared.mode != "native":
                 return {**entry, "skipped": f"runs {prepared.mode} here (correct, not timed)"}
-            own_timer = getattr(prepared, "time", None)
-            timing = own_timer(min_time) if own_timer else time_cpu(prepared.run, min_time=min_time)
+            timing = prepared.time(min_time) or time_cpu(prepared.run, min_time=min_time)
             if guard.written():
                 return _wrote_inputs(entry, name, guard.written())
     except (UnavailableError, MatmulInputError) as error:

@@ -26,7 +26,7 @@ Which path runs:
 from __future__ import annotations
 
 from ... import gpu
-from ...core import Implementation
+from ...core import Backend, Implementation
 from ...inputs import Shape, dtype_name
 from ...registry import register
 from .emulation import (
@@ -44,7 +44,7 @@ from .toolkit import ARCHS
 __all__ = ["ARCHS", "CudaBackend", "resource_table"]
 
 
-class CudaBackend:
+class CudaBackend(Backend):
     """Runs ``technique`` from ``impl.source`` natively or emulated (see the module docstring)."""
 
     def __init__(self, technique: str, gpu_archs: tuple[str, ...] = ()):

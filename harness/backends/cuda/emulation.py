@@ -27,6 +27,7 @@ import numpy as np
 
 from ... import cache, files, sources
 from ...clib import interprocess_lock
+from ...core import Prepared
 from ...inputs import dtype_name
 from ...interrupts import call_interruptibly
 from ...switches import switch
@@ -300,7 +301,7 @@ def _aligned_copy(array: np.ndarray, alignment: int = 64) -> np.ndarray:
     return out
 
 
-class EmulatedPrepared:
+class EmulatedPrepared(Prepared):
     mode = "emulated"
     loader = "emulation"
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import gpu
+from ...core import Prepared
 from . import tensormap
 from .plans import Launch, TensorMapArg
 from .toolkit import compile_cubin, native_arch
@@ -223,8 +224,7 @@ def progress_wanted(relative: str) -> bool:
     return relative in PROGRESS_SOURCES and switch(PROGRESS_ENV)
 
 
-class NativePrepared:
-    mode = "native"
+class NativePrepared(Prepared):
 
     def __init__(self, relative: str, launch: Launch, inputs: dict, out_shape, dtype: str, result_shape):
         import torch
