@@ -389,6 +389,9 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
     except MatmulInputError as error:
         row.status = f"skipped: {error}"
         return row
+    except Exception as error:  # a backend's estimate or shape check that fails: its row says so
+        row.status = f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        return row
     reason, broken = impl.availability()
     if reason:
         # A build or load that failed is an error to fix; a machine without a GPU is not.

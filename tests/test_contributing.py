@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,13 @@ GUIDE = ROOT / "CONTRIBUTING.md"
 
 
 def example_files() -> dict[str, str]:
-    """The code blocks whose first line names their file (``# mine.py``, ``/* mine.c */``)."""
+    """The code blocks whose first line names their file (``# mine.py``, ``/* mine.c */``,
+    ``// cuda/row_per_block.cu``, ``# harness/backends/cuda/__init__.py (at the end)``)."""
     files = {}
-    for _language, body in re.findall(r"```(python|c)\n(.*?)```", GUIDE.read_text(), flags=re.S):
+    for _language, body in re.findall(r"```(python|c|cuda)\n(.*?)```", GUIDE.read_text(), flags=re.S):
+        body = textwrap.dedent(body)
         first = body.splitlines()[0]
-        named = re.fullmatch(r"(?:#|/\*)\s*(\S+\.(?:py|c))\s*(?:\*/)?", first.strip())
+        named = re.fullmatch(r"(?:#|/\*|//)\s*(\S+\.(?:py|c|cu))(?: \(at the end\))?\s*(?:\*/)?", first.strip())
         if named:
             files[named[1]] = body
     return files
@@ -36,7 +39,7 @@ def commands() -> list[str]:
 
 @pytest.fixture
 def examples(tmp_path):
-    files = example_files()
+    files = {name: text for name, text in example_files().items() if name.startswith("mine.")}
     assert set(files) == {"mine.py", "mine.c"}, files
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -126,3 +129,94 @@ def test_the_guides_benchmark_command_times_your_kernel_in_the_suite(examples):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert re.search(r"mine\.matmul\s+\S+ [mu]?s", done.stdout), done.stdout[-3000:]
+
+
+# The guide's rungs inside the repository, added to a scratch copy of it as a contributor adds
+# them (the source file, its registration appended), then run by the copy's own harness: the
+# CUDA rung on the emulation, the Triton one in Triton's interpreter, on the edge shapes.
+IN_COPY = (
+    "import os, runpy, sys\n"
+    "sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith('_editable_')]\n"
+    "sys.path.insert(0, os.getcwd())\n"
+    "import harness\n"
+    "assert os.path.realpath(harness.__file__).startswith(os.path.realpath(os.getcwd()) + os.sep)\n"
+    "runpy.run_module('harness', run_name='__main__', alter_sys=True)\n"
+)
+RUNG_SHAPES = ["1", "17", "33x65x129", "64x1x48"]
+
+
+def _copy_with_rung(tmp_path: Path, source: str, registration: str) -> Path:
+    from harness.backends.c import clib
+
+    copy = tmp_path / "repository"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_lib", "_sources")
+    for folder in ("harness", "c", "cuda", "python", "triton"):
+        shutil.copytree(ROOT / folder, copy / folder, ignore=ignore)
+    shutil.copy(ROOT / "CMakeLists.txt", copy / "CMakeLists.txt")
+    files = example_files()
+    (copy / source).write_text(files[source])
+    with open(copy / registration, "a") as handle:
+        handle.write("\n\n" + "\n".join(files[registration].splitlines()[1:]) + "\n")
+    clib.load()  # this checkout's C library, which the copy loads rather than building its own
+    return copy
+
+
+def _run_rung_in_copy(copy: Path, name: str, **env) -> dict[str, dict]:
+    from harness.backends.c import clib
+
+    library = clib.checkout_build_dir() / clib._library_filename()
+    environment = {**os.environ, "COLUMNS": "100", "XDG_CACHE_HOME": str(copy / "cache")}
+    environment.update(MATMUL_C_LIBRARY=str(library), PYTHONDONTWRITEBYTECODE="1", **env)
+    args = ["compare", "--impls", name, "--shapes", *RUNG_SHAPES, "--no-baseline", "--json", "out.json"]
+    done = subprocess.run(
+        [sys.executable, "-c", IN_COPY, *args], cwd=copy, env=environment, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {
+        r["shape"]: r for r in json.loads((copy / "out.json").read_text())["results"] if r["implementation"] == name
+    }
+
+
+@pytest.mark.slow
+def test_the_guides_cuda_rung_runs_on_the_emulation(tmp_path):
+    from harness.backends.cuda import emulation
+
+    if emulation.emulation_unavailable_reason():
+        pytest.skip(emulation.emulation_unavailable_reason())
+    copy = _copy_with_rung(tmp_path, "cuda/row_per_block.cu", "harness/backends/cuda/__init__.py")
+    rows = _run_rung_in_copy(copy, "cuda.row_per_block", MATMUL_CUDA_EMULATE="1")
+    assert len(rows) == len(RUNG_SHAPES)
+    assert all(row["status"] == "ok" and row["mode"] == "emulated" for row in rows.values()), rows
+
+
+@pytest.mark.slow
+def test_the_guides_triton_rung_runs_in_the_interpreter(tmp_path):
+    pytest.importorskip("triton")
+    copy = _copy_with_rung(tmp_path, "triton/tiles.py", "harness/backends/triton_kernels.py")
+    rows = _run_rung_in_copy(copy, "triton.tiles", TRITON_INTERPRET="1")
+    assert len(rows) == len(RUNG_SHAPES)
+    assert all(row["status"] == "ok" and row["mode"] == "interpreted" for row in rows.values()), rows
+
+
+@pytest.mark.slow
+def test_a_triton_rung_without_the_names_the_harness_reads_is_an_error_naming_them(tmp_path):
+    pytest.importorskip("triton")
+    copy = _copy_with_rung(tmp_path, "triton/tiles.py", "harness/backends/triton_kernels.py")
+    source = copy / "triton" / "tiles.py"
+    source.write_text(source.read_text().replace("INTERPRETED = ", "WAS_INTERPRETED = "))
+    from harness.backends.c import clib
+
+    environment = {**os.environ, "COLUMNS": "200", "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    environment["MATMUL_C_LIBRARY"] = str(clib.checkout_build_dir() / clib._library_filename())
+    done = subprocess.run(
+        [sys.executable, "-c", IN_COPY, "compare", "--impls", "triton.tiles", "--shapes", "16", "--no-baseline"],
+        cwd=copy,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "triton/tiles.py defines no INTERPRETED (True when its kernels were built for" in said, said
+    assert "Traceback" not in done.stderr

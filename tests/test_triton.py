@@ -354,8 +354,9 @@ def test_harness_reports_tma_kernel_unavailable_on_older_gpus(tma_source, monkey
     if MODE == "interpreted":
         assert impl.unavailable_reason() is None  # interpreted: no GPU that could be too old
     # As on an A100 with native Triton: the row says why, and points at triton.matmul.
+    plain = triton_kernels.load_source("triton/matmul.py")  # loaded before the mode is faked
     monkeypatch.setattr(triton_kernels, "setup", lambda: ("native", None))
-    monkeypatch.setattr(triton_kernels, "load_source", lambda relative: tma_source)
+    monkeypatch.setattr(triton_kernels, "load_source", lambda relative: tma_source if "tma" in relative else plain)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (8, 0))
     reason = impl.unavailable_reason()
     assert reason and "sm_80" in reason and "triton.matmul" in reason

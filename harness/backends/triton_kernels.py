@@ -35,7 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import gpu
-from ..core import Backend, Implementation, Prepared
+from ..core import Backend, BrokenError, Implementation, Prepared
 from ..gpu import to_numpy
 from ..registry import register
 from ..sources import load_python_source
@@ -112,6 +112,9 @@ def load_source(relative: str):
         raise RuntimeError(reason)
     want = mode == "interpreted"
     module = load_python_source(relative)
+    missing = [f"{name} ({meaning})" for name, meaning in TritonBackend.SOURCE_NAMES.items() if not hasattr(module, name)]
+    if missing:  # a rung being written: a fault to fix, said in its row
+        raise BrokenError(f"{relative} defines no {'; no '.join(missing)}")
     if module.INTERPRETED != want:  # loaded earlier in this process, with the environment changed since
         raise RuntimeError(
             f"{relative} was built {'for the interpreter' if module.INTERPRETED else 'natively'} "
@@ -264,20 +267,49 @@ class _TritonPrepared(Prepared):
 class TritonBackend(Backend):
     """Loads ``function`` from a file in triton/ and calls it on torch tensors.
 
+    What such a file defines for the harness (its contract, checked when it is loaded: a file
+    that lacks a name is an error row that says which and what it means) is ``SOURCE_NAMES``,
+    plus the launch wrapper itself and, in INTERPRETER_CONFIG, the ``blocks`` keys.
+
     ``gemv`` backends take the harness's M = 1 problem, A [1, K] and B [K, N], as
     x = A[0] and W = B transposed into an [N, K] row-major copy (see triton/gemv.py for why),
     made while preparing, outside the timed region.
     """
 
+    SOURCE_NAMES = {
+        "INTERPRETED": "True when its kernels were built for Triton's CPU interpreter, which TRITON_INTERPRET "
+        "decides as the file is imported: INTERPRETED = type(my_kernel).__name__ == \"InterpretedFunction\"",
+        "INTERPRETER_CONFIG": "the block sizes its wrapper launches with in the interpreter (a dict; the harness "
+        "estimates an interpreted run's time from them)",
+    }
+
     def __init__(self, function: str, gemv: bool = False, needs_tma: bool = False):
         self.function = function
         self.gemv = gemv
         self.needs_tma = needs_tma  # the source says itself whether this GPU and Triton have TMA
+        self.blocks = ("BLOCK_N", "BLOCK_K") if gemv else ("BLOCK_M", "BLOCK_N", "BLOCK_K")  # INTERPRETER_CONFIG's
+
+    def source_problem(self, module) -> str | None:
+        """What ``module`` lacks of the contract (SOURCE_NAMES, the wrapper, the blocks), or None."""
+        missing = [f"{name} ({meaning})" for name, meaning in self.SOURCE_NAMES.items() if not hasattr(module, name)]
+        if not callable(getattr(module, self.function, None)):
+            missing.append(f"{self.function} (the launch wrapper the harness calls)")
+        blocks = getattr(module, "INTERPRETER_CONFIG", None)
+        if isinstance(blocks, dict):
+            missing += [f"INTERPRETER_CONFIG[{key!r}]" for key in self.blocks if key not in blocks]
+        if not missing:
+            return None
+        return "defines no " + "; no ".join(missing)
 
     def unavailable_reason(self, impl):
         mode, reason = setup()
-        if reason or not self.needs_tma:
+        if reason:
             return reason
+        problem = self.source_problem(load_source(impl.source))
+        if problem:  # a rung being written: a fault to fix, said in its row
+            raise BrokenError(f"{impl.source} {problem}")
+        if not self.needs_tma:
+            return None
         import torch
 
         capability = torch.cuda.get_device_capability() if mode == "native" else None  # interpreted: no GPU
@@ -369,6 +401,13 @@ class TritonDecodeBackend(TritonBackend):
 
     def __init__(self):
         super().__init__("decode")
+        self.blocks = ("BLOCK_N", "BLOCK_B")
+
+    SOURCE_NAMES = {
+        **TritonBackend.SOURCE_NAMES,
+        "MAX_M": "the most rows of X one program takes",
+        "pack": "pack(format, n, k, data) -> (scales, quants): the weights' bytes as the two tensors the kernel reads",
+    }
 
     def estimate_seconds(self, impl, shape, dtype: str) -> float:
         module = load_source(impl.source)
