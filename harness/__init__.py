@@ -11,12 +11,15 @@ Shapes are ``N`` (square) or ``MxNxK``: C = A @ B is M x N and K is the inner di
 """
 
 from . import quant as quant  # decode weight formats: harness.quant.quantize(w, "q4_0")
+from . import sources
 from .checking import check, reference, tolerance
 from .compare import Results, Row, compare
 from .core import Backend, BrokenError, Implementation, Matmul, MatmulInputError, Prepared, UnavailableError
 from .external import add_external
 from .inputs import Shape, make_inputs, parse_shape
 from .registry import REGISTRY, implementations, lookup, register
+
+sources.warn_if_shadowed()
 
 
 def get(name: str, **options) -> Matmul:

@@ -1,8 +1,13 @@
 """Where the implementations' source files are, and loading the Python ones by path.
 
-In a checkout (an editable install, or the repository on PYTHONPATH) the sources are read
-from the checkout itself, so an edited ``.py``, ``.cu`` or Triton file takes effect on the
-next run. A regular wheel carries copies under ``harness/_sources`` and uses those.
+In a checkout (an editable install, or a repository whose root is on PYTHONPATH or is the
+working folder, with no harness installed) the sources are read from the checkout itself, so an
+edited ``.py``, ``.cu`` or Triton file takes effect on the next run. A regular wheel carries
+copies under ``harness/_sources`` and uses those.
+
+An editable install's finder comes before PYTHONPATH, so a second clone named there is not the
+one imported: ``warn_if_shadowed`` says so at import, naming both, rather than let a run
+silently measure the other clone's code.
 
 ``python/`` and ``triton/`` are deliberately not packages: a folder named ``triton`` with an
 ``__init__.py`` would shadow the installed Triton for anyone running from the repository
@@ -59,3 +64,23 @@ def load_python_source(relative: str):
         raise
     module.__source_mtime__ = mtime
     return module
+
+
+def warn_if_shadowed() -> None:
+    """Warn when PYTHONPATH names a folder holding another harness than this one (see above)."""
+    import os
+    import warnings
+
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        candidate = Path(entry or ".") / "harness" / "__init__.py"
+        try:
+            other = candidate.resolve(strict=True).parent
+        except OSError:
+            continue
+        if other != PACKAGE_DIR:
+            warnings.warn(
+                f"PYTHONPATH names {other}, but the harness imported is {PACKAGE_DIR} (an installed or editable "
+                f"harness comes before PYTHONPATH); run `pip install -e {other.parent}` to use that clone",
+                stacklevel=3,
+            )
+            return

@@ -268,7 +268,7 @@ def test_large_outputs_start_on_a_cache_line(dtype):
     assert harness.check(first, a, b).passed
     prepared = matmul.prepare(a, b)  # the timer's path allocates the same way
     prepared.run()
-    assert prepared.c.ctypes.data % c_backend.CACHE_LINE == 0
+    assert prepared.output.ctypes.data % c_backend.CACHE_LINE == 0
     np.testing.assert_array_equal(prepared.result(), first)
     small = c_backend.empty_output(8, 8, np.dtype(dtype))
     assert small.shape == (8, 8) and small.flags.owndata  # small outputs: plain np.empty

@@ -360,7 +360,7 @@ def test_the_c_activation_quantizer_gives_ggufs_q8_0_bytes(variant):
     x[64:96] = np.linspace(-1, 1, 32)  # halves to round away from zero
     x[96:128] = np.arange(-16, 16) * np.float32(0.5) + np.float32(0.25)  # more halves, both signs
     out = np.empty(64 * 34, np.uint8)
-    number = decode_backend.DECODE_VARIANTS[variant]
+    number = decode_backend.VARIANTS[variant]
     assert (
         lib.matmul_quantize_q8_0(ffi.from_buffer("float[]", x), x.size, ffi.from_buffer("uint8_t[]", out), number) == 0
     )

@@ -52,36 +52,22 @@ def empty_output(m: int, n: int, dtype: np.dtype) -> np.ndarray:
 INTERRUPTIBLE_AFTER_S = 0.2
 
 
-class _CPrepared(Prepared):
-    """The prepare/run/result split of core.py, for the harness's timer: the output and the
-    pointers are made here, so run() is the C call alone."""
+class CCall(Prepared):
+    """A C call made ready, for the harness's timer: its output and its arguments (cffi
+    pointers into arrays it keeps alive) are made here, so run() is the call alone. Every C
+    backend's prepare returns one (c.decode's and c.decode_int8's too)."""
 
-
-    def __init__(self, backend, function, ffi, a, b, extra_args, interruptible: bool = False):
-        self.a, self.b = a, b  # keep the arrays alive while C holds pointers into them
-        self.c = empty_output(a.shape[0], b.shape[1], a.dtype)
-        ctype = _CTYPES[a.dtype.name]
-        self.args = (
-            ffi.from_buffer(ctype, a),
-            ffi.from_buffer(ctype, b),
-            ffi.from_buffer(ctype, self.c),
-            a.shape[0],
-            b.shape[1],
-            a.shape[1],
-            *extra_args,
-        )
-        self.function = function
-        self.backend = backend
-        self.interruptible = interruptible
+    def __init__(self, function, args: tuple, output: np.ndarray, keep: tuple, check_status, interruptible=False):
+        self.function, self.args, self.output = function, args, output
+        self.keep = keep  # the inputs, alive while C holds pointers into them
+        self.check_status, self.interruptible = check_status, interruptible
 
     def run(self) -> None:
-        if self.interruptible:
-            self.backend.check_status(call_interruptibly(self.function, self.args))
-        else:
-            self.backend.check_status(self.function(*self.args))
+        call = call_interruptibly if self.interruptible else lambda function, args: function(*args)
+        self.check_status(call(self.function, self.args))
 
     def result(self) -> np.ndarray:
-        return self.c.copy()
+        return self.output.copy()
 
 
 _CTYPES = {"float32": "float[]", "float64": "double[]"}
@@ -141,8 +127,12 @@ class CBackend(Backend):
     def prepare(self, impl, a, b, options):
         ffi, functions = self._functions()
         extra = self.extra_args(impl, options)
-        interruptible = a.shape[0] * a.shape[1] * b.shape[1] >= self.interruptible_mnk(extra)
-        return _CPrepared(self, functions[a.dtype.name], ffi, a, b, extra, interruptible)
+        c = empty_output(a.shape[0], b.shape[1], a.dtype)
+        ctype = _CTYPES[a.dtype.name]
+        (m, k), n = a.shape, b.shape[1]
+        args = (ffi.from_buffer(ctype, a), ffi.from_buffer(ctype, b), ffi.from_buffer(ctype, c), m, n, k, *extra)
+        interruptible = m * n * k >= self.interruptible_mnk(extra)
+        return CCall(functions[a.dtype.name], args, c, (a, b), self.check_status, interruptible)
 
     def bind(self, impl, options):
         """``call(a, b) -> C`` for validated inputs: what ``harness.get(name)(a, b)`` runs, so
@@ -205,8 +195,10 @@ def _tmpdir_hint() -> str:
     return ""
 
 
-# c.packed's micro-kernels and paths, by the numbers c/packed.c gives them.
-PACKED_VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+# The SIMD variants of c.packed, c.decode and c.decode_int8, by the numbers their C gives them
+# (each file's <prefix>_variant_supported and <prefix>_resolve_variant take and give these).
+VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+# c.packed's paths, by the numbers c/packed.c gives them.
 PACKED_PATHS = {"auto": 0, "vector": 1, "direct": 2, "nest": 3}
 _PACKED_ERRORS = {
     1: "the micro-kernel variant cannot run on this CPU or build",
@@ -235,26 +227,49 @@ def thread_option(impl, options) -> int:
     return int(threads)
 
 
+def variants_text(name: str, prefix: str) -> str:
+    """What a variant-choosing kernel runs here, for `list` and the table's notes."""
+    return (
+        f"runs its {resolved_variant(name, 'auto', prefix)} variant (variant= takes "
+        f"{', '.join(supported_variants(prefix))} here); called through {clib.call_mode()}"
+    )
+
+
+def supported_variants(prefix: str = "matmul_packed") -> list[str]:
+    """The variants of the kernels ``prefix`` names (matmul_packed: c.packed; matmul_decode,
+    matmul_decode_int8) this CPU can run, best last ("portable" always)."""
+    _, lib = clib.load()
+    supported = getattr(lib, f"{prefix}_variant_supported")
+    return [name for name, number in VARIANTS.items() if name != "auto" and supported(number)]
+
+
+def resolved_variant(name: str, variant: str = "auto", prefix: str = "matmul_packed") -> str:
+    """The variant ``variant`` of implementation ``name`` runs as here ("auto" resolved): a
+    ValueError for an unknown one, UnavailableError for one this CPU cannot run."""
+    _, lib = clib.load()
+    number = getattr(lib, f"{prefix}_resolve_variant")(variant_number(name, variant))
+    if number < 0:
+        raise UnavailableError(
+            f"{name}: variant {variant!r} cannot run on this CPU (it supports: "
+            f"{', '.join(supported_variants(prefix))}); choose one of those or variant='auto'"
+        )
+    return next(text for text, n in VARIANTS.items() if n == number)
+
+
+def variant_number(name: str, variant) -> int:
+    if variant not in VARIANTS:
+        raise ValueError(f"{name}: unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    return VARIANTS[variant]
+
+
 def packed_variants() -> list[str]:
     """The micro-kernel variants of c.packed this CPU can run, best last ("portable" always)."""
-    _, lib = clib.load()
-    return [
-        name
-        for name, number in PACKED_VARIANTS.items()
-        if name != "auto" and lib.matmul_packed_variant_supported(number)
-    ]
+    return supported_variants("matmul_packed")
 
 
 def packed_variant(variant: str = "auto") -> str:
     """The variant ``variant`` runs as here ("auto" resolved); a clear error if it cannot run."""
-    _, lib = clib.load()
-    number = lib.matmul_packed_resolve_variant(_packed_variant_number(variant))
-    if number < 0:
-        raise UnavailableError(
-            f"c.packed: variant {variant!r} cannot run on this CPU (it supports: {', '.join(packed_variants())}); "
-            f"choose one of those or variant='auto'"
-        )
-    return next(name for name, n in PACKED_VARIANTS.items() if n == number)
+    return resolved_variant("c.packed", variant, "matmul_packed")
 
 
 def packed_blocking(variant: str = "auto", dtype: str = "float32") -> dict:
@@ -262,17 +277,11 @@ def packed_blocking(variant: str = "auto", dtype: str = "float32") -> dict:
     cache sizes (bytes) they were derived from."""
     ffi, lib = clib.load()
     sizes = ffi.new("int64_t[8]")
-    code = lib.matmul_packed_blocking(_packed_variant_number(variant), np.dtype(dtype).itemsize, sizes)
+    code = lib.matmul_packed_blocking(variant_number("c.packed", variant), np.dtype(dtype).itemsize, sizes)
     if code:
         packed_variant(variant)  # raises the clear error for an unsupported variant
         raise ValueError(f"c.packed: no blocking for dtype {dtype}")
     return dict(zip(("MR", "NR", "KC", "MC", "NC", "L1", "L2", "L3"), (int(v) for v in sizes)))
-
-
-def _packed_variant_number(variant) -> int:
-    if variant not in PACKED_VARIANTS:
-        raise ValueError(f"c.packed: unknown variant {variant!r}; choose one of {', '.join(PACKED_VARIANTS)}")
-    return PACKED_VARIANTS[variant]
 
 
 class PackedBackend(CBackend):
@@ -293,7 +302,10 @@ class PackedBackend(CBackend):
         path = options.get("path", "auto")
         if path not in PACKED_PATHS:
             raise ValueError(f"{impl.name}: unknown path {path!r}; choose one of {', '.join(PACKED_PATHS)}")
-        return [int(threads), PACKED_VARIANTS[variant], PACKED_PATHS[path]]
+        return [int(threads), VARIANTS[variant], PACKED_PATHS[path]]
+
+    def describe(self, impl) -> str | None:
+        return variants_text(impl.name, "matmul_packed")
 
     def check_status(self, code) -> None:
         if code == _PATH_ERROR:

@@ -16,16 +16,15 @@ from __future__ import annotations
 import numpy as np
 
 from .. import clib
-from ..core import Backend, BrokenError, Implementation, MatmulInputError, Prepared, UnavailableError
+from ..core import Backend, BrokenError, Implementation, MatmulInputError, Prepared
 from ..quant import FORMATS, QuantizedWeights
 from ..registry import register
 from ..sources import load_python_source
-from .c import thread_option
+from .c import VARIANTS, CCall, resolved_variant, supported_variants, thread_option, variants_text
 
 WEIGHTS = ("q8_0", "q4_0", "bf16")
 
 # c/decode.h's numbers.
-DECODE_VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
 _DECODE_ERRORS = {
     1: "the variant cannot run on this CPU or build",
     2: "a dimension is negative",
@@ -67,7 +66,6 @@ def decode_inputs(impl: Implementation, a, b) -> tuple[np.ndarray, QuantizedWeig
 
 
 class _PythonPrepared(Prepared):
-
     def __init__(self, function, x, w):
         self.function, self.x, self.w = function, x, w
         self.y = None
@@ -106,24 +104,17 @@ def _library():
 def decode_variants(prefix: str = "matmul_decode") -> list[str]:
     """The variants of c.decode (or, with prefix="matmul_decode_int8", of c.decode_int8) this
     CPU can run, best last ("portable" always)."""
-    _, lib = _library()
-    supported = getattr(lib, f"{prefix}_variant_supported")
-    return [name for name, number in DECODE_VARIANTS.items() if name != "auto" and supported(number)]
+    _library()
+    return supported_variants(prefix)
 
 
 def decode_variant(variant: str = "auto", prefix: str = "matmul_decode") -> str:
     """The variant ``variant`` runs as here ("auto" resolved), or UnavailableError."""
-    name = "c.decode" if prefix == "matmul_decode" else "c.decode_int8"
-    if variant not in DECODE_VARIANTS:
-        raise ValueError(f"{name}: unknown variant {variant!r}; choose one of {', '.join(DECODE_VARIANTS)}")
-    _, lib = _library()
-    number = getattr(lib, f"{prefix}_resolve_variant")(DECODE_VARIANTS[variant])
-    if number < 0:
-        raise UnavailableError(
-            f"{name}: variant {variant!r} cannot run on this CPU (it supports: {', '.join(decode_variants(prefix))}); "
-            "choose one of those or variant='auto'"
-        )
-    return next(name for name, n in DECODE_VARIANTS.items() if n == number)
+    _library()
+    return resolved_variant(_NAMES[prefix], variant, prefix)
+
+
+_NAMES = {"matmul_decode": "c.decode", "matmul_decode_int8": "c.decode_int8"}
 
 
 def check_decode_status(name: str, code: int) -> None:
@@ -131,32 +122,6 @@ def check_decode_status(name: str, code: int) -> None:
         raise (MatmulInputError if code in (2, 3, 4) else RuntimeError)(
             f"{name} failed (code {code}): {_DECODE_ERRORS.get(code, 'unknown error')}"
         )
-
-
-class _CPrepared(Prepared):
-
-    def __init__(self, name, function, ffi, x, w, weight_bytes, threads, variant):
-        self.name = name
-        self.x, self.w, self.weight_bytes = x, w, weight_bytes  # kept alive while C holds pointers into them
-        self.y = np.empty((x.shape[0], w.n), np.float32)
-        self.function = function
-        self.args = (
-            ffi.from_buffer("float[]", x),
-            ffi.from_buffer("uint8_t[]", weight_bytes),
-            ffi.from_buffer("float[]", self.y),
-            x.shape[0],
-            w.n,
-            w.k,
-            FORMATS[w.format].ggml_type,
-            threads,
-            variant,
-        )
-
-    def run(self) -> None:
-        check_decode_status(self.name, self.function(*self.args))
-
-    def result(self) -> np.ndarray:
-        return self.y.copy()
 
 
 def pack_int8_weights(w: QuantizedWeights) -> np.ndarray:
@@ -203,7 +168,22 @@ class CDecodeBackend(Backend):
         ffi, lib = _library()
         function = getattr(lib, f"{self.prefix}_f32")
         weight_bytes = pack_int8_weights(w) if self.repacks else w.data
-        return _CPrepared(impl.name, function, ffi, x, w, weight_bytes, threads, DECODE_VARIANTS[variant])
+        y = np.empty((x.shape[0], w.n), np.float32)
+        args = (
+            ffi.from_buffer("float[]", x),
+            ffi.from_buffer("uint8_t[]", weight_bytes),
+            ffi.from_buffer("float[]", y),
+            x.shape[0],
+            w.n,
+            w.k,
+            FORMATS[w.format].ggml_type,
+            threads,
+            VARIANTS[variant],
+        )
+        return CCall(function, args, y, (x, weight_bytes), lambda code: check_decode_status(impl.name, code))
+
+    def describe(self, impl) -> str | None:
+        return variants_text(impl.name, self.prefix)
 
 
 # One NumPy block at a time, at about the same cost per block of 32 weights whatever M, so M = 1
