@@ -2,7 +2,8 @@
 
     import harness
     harness.implementations("c.*")          # the registry, in reading order
-    mm = harness.get("c.blocked")           # callable on two NumPy arrays
+    harness.lookup("c.blocked")             # one implementation's metadata (an Implementation)
+    mm = harness.get("c.blocked")           # callable on two NumPy arrays (a Matmul)
     c = mm(a, b)
     results = harness.compare([256, "512x512x1024"], ["c.*", "numpy"], ["float32"])
     print(results); results.to_json("out.json"); results.plot("out.png")
@@ -11,13 +12,13 @@ Shapes are ``N`` (square) or ``MxNxK``: C = A @ B is M x N and K is the inner di
 """
 
 from . import quant as quant  # decode weight formats: harness.quant.quantize(w, "q4_0")
-from . import sources
-from .checking import check, reference, tolerance
+from . import sources  # noqa: I001 - (only for the check below)
+from .checking import check, reference
 from .compare import Results, Row, compare
 from .core import Backend, BrokenError, Implementation, Matmul, MatmulInputError, Prepared, UnavailableError
 from .external import add_external
 from .inputs import Shape, make_inputs, parse_shape
-from .registry import REGISTRY, implementations, lookup, register
+from .registry import implementations, lookup, register
 
 sources.warn_if_shadowed()
 
@@ -28,12 +29,10 @@ def get(name: str, **options) -> Matmul:
 
 
 __all__ = [
-    "REGISTRY",
     "Backend",
     "BrokenError",
     "add_external",
     "Implementation",
-    "Matmul",
     "MatmulInputError",
     "Prepared",
     "Results",
@@ -44,9 +43,9 @@ __all__ = [
     "compare",
     "get",
     "implementations",
+    "lookup",
     "make_inputs",
     "parse_shape",
     "reference",
     "register",
-    "tolerance",
 ]

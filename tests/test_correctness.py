@@ -7,6 +7,7 @@ import pytest
 
 import harness
 import harness.sources
+from harness import checking
 from harness.core import MatmulInputError, check_problem
 from harness.inputs import Shape
 
@@ -92,6 +93,6 @@ def test_check_rejects_nan_where_reference_has_none():
 
 def test_tolerance_grows_with_k_and_precision():
     one, norm = np.ones(1), np.ones(1)
-    assert harness.tolerance("float32", 4096, one, norm) > harness.tolerance("float32", 16, one, norm)
-    assert harness.tolerance("float64", 64, one, norm) < harness.tolerance("float32", 64, one, norm)
-    assert harness.tolerance("bfloat16", 64, one, norm) > harness.tolerance("float16", 64, one, norm)
+    assert checking.tolerance("float32", 4096, one, norm) > checking.tolerance("float32", 16, one, norm)
+    assert checking.tolerance("float64", 64, one, norm) < checking.tolerance("float32", 64, one, norm)
+    assert checking.tolerance("bfloat16", 64, one, norm) > checking.tolerance("float16", 64, one, norm)

@@ -179,7 +179,7 @@ def test_a_wrong_result_is_told_apart_from_a_fault(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_steps as steps
 
-    import harness
+    from harness.core import Matmul
 
     class Wrong:
         mode = "native"
@@ -190,7 +190,7 @@ def test_a_wrong_result_is_told_apart_from_a_fault(tmp_path, monkeypatch):
         def result(self):
             return np.zeros((8, 8), np.float32)
 
-    monkeypatch.setattr(harness.Matmul, "prepare", lambda self, a, b: Wrong())
+    monkeypatch.setattr(Matmul, "prepare", lambda self, a, b: Wrong())
     assert steps.smoke_one("c.blocked", "8", "float32", tmp_path / "phase") == steps.WRONG_EXIT
     assert (tmp_path / "phase").read_text() == "checked"
 

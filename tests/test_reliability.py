@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import harness
+from harness import registry
 from harness.core import Implementation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +97,7 @@ def register_writer(monkeypatch, behaviour) -> str:
         summary="writes into its inputs",
         backend=_WriterBackend(behaviour),
     )
-    monkeypatch.setitem(harness.REGISTRY, name, impl)
+    monkeypatch.setitem(registry.REGISTRY, name, impl)
     return name
 
 
