@@ -13,7 +13,7 @@ help:
 	@echo "make test-all   the fast tier, then the full tier (sanitizers, builds, mutants, wheel)"
 	@echo "make bench      the pytest-benchmark suite at its default shapes"
 	@echo "make compare    the main comparison table (128, 256 and 1024 cubed)"
-	@echo "make lint       ruff (lint and format check) and clang-format, as CI runs them"
+	@echo "make lint       ruff (lint and format check), the layer contracts (lint-imports) and clang-format, as CI runs them"
 	@echo "make format     rewrite the sources in the project's style"
 	@echo "make gpu-check  every GPU check, on a machine with an NVIDIA GPU (into GPU_OUT=$(GPU_OUT))"
 
@@ -32,6 +32,7 @@ compare:
 lint:
 	ruff check .
 	ruff format --check .
+	lint-imports --no-cache
 	clang-format --dry-run --Werror $(C_SOURCES) $(CUDA_SOURCES)
 
 format:

@@ -1,66 +1,80 @@
 // decode.cu - batched decode, Y [M, N] = X [M, K] @ W^T, W [N, K] stored as ggml's q8_0, q4_0 or
-// bf16 (harness/quant.py), X float32; for M = 1..16 activation rows per pass over W.
+// bf16 (harness/model/quant.py), X float32; for M = 1..16 activation rows per pass over W.
 //
 // Technique: the GEMV of cuda/gemv.cu with fewer bytes per weight. It is bound by how fast W
 // streams in, so W is read once per pass and everything else is registers: each lane loads a
-// 32-weight block of ROWS rows of W (16-byte loads, all ROWS issued before the first is used),
-// dequantizes it in registers (weight = d * q, exact in float32: an fp16 scale times an integer
-// of at most 8 bits), and applies it to every one of the up to MT rows of X it holds
-// accumulators for (FP32 FMAs, X read through the read-only cache, each X vector used for the
-// ROWS rows of W). So a block of W is loaded once and used M times, and a vector of X is
-// loaded once and used ROWS times. Lanes that share rows combine their partial sums with a
-// shuffle reduction, as in gemv.cu (no shared memory, no block barrier).
+// 32-weight block of ROWS rows of W (16-byte loads, all ROWS issued before the first is used;
+// at M = 1 a step ahead of the arithmetic), turns the quants into exact floats in registers and applies them to every one of the up to
+// MT rows of X it holds accumulators for (FP32 FMAs, each X vector used for the ROWS rows of W).
+// Lanes that share rows combine their partial sums with a shuffle reduction, as in gemv.cu.
 //
-// What changes from cuda/gemv.cu, and why:
-// - The 16-byte loads. ggml's q4_0 / q8_0 blocks are 18 / 34 bytes (fp16 scale, then the
-//   quants), so a block's quants start 2 bytes past a 16-byte boundary at best, and a row of W
-//   starts on one only when K is a multiple of 256. A 16-byte load of the quants as ggml lays
-//   them out is therefore impossible without staging (shared memory, or shuffles and funnel
-//   shifts between lanes). Instead the harness repacks W once, in prepare (not timed), into
-//   the layout a GPU kernel wants, with exactly the same bytes: all the scales first, fp16
+// Why it looks as it does: at M = 1 a q4_0 block is 18 bytes, so an H200 (4.8 TB/s, 132 SMs of
+// 4 schedulers issuing one warp-instruction per cycle at 1.98 GHz) streams 0.85 x 4.8 TB/s only
+// if a warp spends at most 4.6 instructions per block, 148 per lane per block (each lane has
+// its own block): the instruction count, not the bytes, is the roof to design for
+// (tests/test_cuda_decode_sass.py counts the loop). Converting each weight with I2F and
+// scaling it, as the first version of this file did, took 194 (issue-bound at 3.1 TB/s); this
+// one takes 118 (issue-bound at 5.1 TB/s), which leaves the memory as the limit (q8_0: 157 ->
+// 128 of 279, bf16: 83 -> 92 of 525):
+// - The magic-number trick instead of int-to-float conversions: a byte moved under the exponent
+//   of 2^23 (one PRMT) is the float 2^23 + byte, and one FADD takes the 2^23 (and q4_0's 8)
+//   away, exactly. A high nibble needs no shift: masked in place it is 16 n, and under the
+//   exponent of 2^19 that is 2^19 + n. Per weight: 1.25 integer instructions, one FADD, one FFMA.
+// - The next step's loads issued before this step's arithmetic (M = 1): a lane keeps two steps
+//   of W in flight, so fewer warps cover the memory's latency.
+// - The scale once per block: the FMAs take the integers q and X, and the block's sum is
+//   multiplied by its fp16 scale d once (d * sum(q x) instead of sum((d q) x): the same kind
+//   of roundings, one more per block, within the float32 error model), not once per weight.
+// - Rows of X tiled in registers, MT = 1, 4 or 16, one kernel each (decode_<format>_m<MT>_f32;
+//   the harness takes the smallest that holds M). M = 1 reads X straight from global memory
+//   (K floats: they stay in L1). For M > 1 the block's warps stage MT rows of X for STAGE blocks
+//   at a time in shared memory (coalesced loads, once for all the block's rows of W, where each
+//   lane used to load its own 16 bytes from L1 at a 128-byte stride): every lane then reads its
+//   block's X with one LDS.128 per 4 columns, without bank conflicts (the padding below). The
+//   4-row kernel also scales once per block; the 16-row one, whose 16 x 32 FMAs per block are
+//   its limit, scales each weight (one FMUL per 16 x 4 FMAs) instead of keeping 64 more sums.
+// - The 16-byte loads of the quants: ggml's q4_0 / q8_0 blocks are 18 / 34 bytes (fp16 scale,
+//   then the quants), so their quants are never 16-byte aligned. The harness repacks W once, in
+//   prepare (not timed), into the same bytes in another order: all the scales first, fp16
 //   [N, K/32] (a warp reads 32 consecutive ones: one coalesced 64-byte access), then, at the
 //   next multiple of 16 bytes, all the quants, [N, K/32, 16] (q4_0: byte j = weight j in the
-//   low nibble, weight j + 16 in the high one, as ggml) or [N, K/32, 32] (q8_0). One block's
-//   quants are then one (q4_0) or two (q8_0) aligned 16-byte loads, for every K. The bytes
-//   read are the bytes ggml would read; only their order differs (as a GPU inference engine
-//   repacks weights at load time). bf16 is ggml's own layout, read 32 weights (4 x 16 bytes)
-//   at a time; a K that is not a multiple of 32 is padded with zero weights (and X with zero
-//   columns) in prepare, which changes no sum.
-// - Several rows per warp where K is short: LANES_PER_ROW lanes share ROWS rows (32 lanes for
-//   K >= 1024, 8 for K >= 128, else 1: a row of K = 32 is one block, one lane), so a warp
-//   works on ROWS * 32 / LANES_PER_ROW rows; the shuffle reduction stops at that width.
-// - M rows of X: accumulators acc[MT][ROWS] stay in registers (the loops over them are
-//   unrolled, the rows past M skipped by a warp-uniform branch). MT, the tile of rows of X, is
-//   1, 4 or 16, one kernel each (decode_<format>_m<MT>_f32; the harness takes the smallest that
-//   holds M), so the M = 1 GEMV keeps a GEMV's registers. M > 16 is a second row of blocks of
-//   the grid (blockIdx.y), which reads W again.
-// Constraints: K a multiple of 32 (the prepared layout guarantees it), 16-byte-aligned
-// buffers (cudaMalloc's are), any N and M >= 1.
-// Caveat: the 16-row tile needs 162-232 registers (no spills), so 5..16 rows run at low
-// occupancy; for M of 8 and more the FP32 FMAs, not the bytes, are the limit (M * 32 FMAs per 18-byte
-// q4_0 block): int8 dot products (dp4a) or tensor cores on X quantized to int8, as llama.cpp
-// does, would be the next rung; this one keeps X in float32 and the float32 error model.
+//   low nibble, weight j + 16 in the high one, as ggml) or [N, K/32, 32] (q8_0), as a GPU
+//   inference engine repacks at load time. One block's quants are one (q4_0) or two (q8_0)
+//   aligned 16-byte loads, for every K. bf16 is ggml's own layout, read 32 weights (4 x 16
+//   bytes) at a time; a K that is not a multiple of 32 is padded with zero weights (and X with
+//   zero columns) in prepare, which changes no sum.
+// - Several rows per warp where K is short: LANES_PER_ROW lanes share ROWS rows (32 lanes, 16 in
+//   the 16-row kernels, for K >= 1024; 8 for K >= 128; else 1: a row of K = 32 is one block,
+//   one lane), so a warp works on ROWS * 32 / LANES_PER_ROW rows.
+// Constraints: K a multiple of 32 (the prepared layout guarantees it), 16-byte-aligned buffers
+// (cudaMalloc's are), any N and M >= 1, N * K / 32 < 2^32 (blocks are counted in 32 bits).
+// Caveats: the block's sum of q x is up to 256 times a weight's product, so an X beyond about
+// 1e36 overflows it where sum((d q) x) might not. For M of 8 and more the FP32 FMAs, not the
+// bytes, are the limit (M * 32 FMAs per 18-byte q4_0 block); int8 dot products (dp4a) or tensor
+// cores on X quantized to int8, as llama.cpp does, would be the next rung, with another error
+// model; this one keeps X in float32 and the float32 error model. M > 16 is a second row of
+// blocks of the grid (blockIdx.y), which reads W again.
 //
 // Launch (read by the harness: harness/backends/cuda/plans.py): WARPS warps per block, each on
 // ROWS * 32 / LANES_PER_ROW rows of W; blockIdx.y = which MT rows of X.
 // @launch decode_q4_0_m1 grid (cdiv(N, WARPS * ROWS_Q4_0 * 32 / LANES_PER_ROW), cdiv(M, 1)) block (WARPS * 32)
 //         args (A, B, C, M, N, K) static_shared 0
 // @launch decode_q4_0_m4 grid (cdiv(N, WARPS * ROWS_Q4_0 * 32 / LANES_PER_ROW), cdiv(M, 4)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 0
-// @launch decode_q4_0_m16 grid (cdiv(N, WARPS * ROWS_Q4_0 * 32 / LANES_PER_ROW), cdiv(M, 16)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 0
+//         args (A, B, C, M, N, K) static_shared 4 * STAGE * PADDED * 16
+// @launch decode_q4_0_m16 grid (cdiv(N, WARPS * ROWS_Q4_0 * 32 / LANES_PER_ROW_M16), cdiv(M, 16)) block (WARPS * 32)
+//         args (A, B, C, M, N, K) static_shared 16 * STAGE_M16 * PADDED * 16
 // @launch decode_q8_0_m1 grid (cdiv(N, WARPS * ROWS_Q8_0 * 32 / LANES_PER_ROW), cdiv(M, 1)) block (WARPS * 32)
 //         args (A, B, C, M, N, K) static_shared 0
 // @launch decode_q8_0_m4 grid (cdiv(N, WARPS * ROWS_Q8_0 * 32 / LANES_PER_ROW), cdiv(M, 4)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 0
-// @launch decode_q8_0_m16 grid (cdiv(N, WARPS * ROWS_Q8_0 * 32 / LANES_PER_ROW), cdiv(M, 16)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 0
+//         args (A, B, C, M, N, K) static_shared 4 * STAGE * PADDED * 16
+// @launch decode_q8_0_m16 grid (cdiv(N, WARPS * ROWS_Q8_0 * 32 / LANES_PER_ROW_M16), cdiv(M, 16)) block (WARPS * 32)
+//         args (A, B, C, M, N, K) static_shared 16 * STAGE_M16 * PADDED * 16
 // @launch decode_bf16_m1 grid (cdiv(N, WARPS * ROWS_BF16 * 32 / LANES_PER_ROW), cdiv(M, 1)) block (WARPS * 32)
 //         args (A, B, C, M, N, K) static_shared 0
 // @launch decode_bf16_m4 grid (cdiv(N, WARPS * ROWS_BF16 * 32 / LANES_PER_ROW), cdiv(M, 4)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 0
-// @launch decode_bf16_m16 grid (cdiv(N, WARPS * ROWS_BF16 * 32 / LANES_PER_ROW), cdiv(M, 16)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 0
+//         args (A, B, C, M, N, K) static_shared 4 * STAGE * PADDED * 16
+// @launch decode_bf16_m16 grid (cdiv(N, WARPS * ROWS_BF16 * 32 / LANES_PER_ROW_M16), cdiv(M, 16)) block (WARPS * 32)
+//         args (A, B, C, M, N, K) static_shared 16 * STAGE_M16 * PADDED * 16
 //
 // Buffers: A = the prepared weights (uint8), B = X [M, K] float32, C = Y [M, N] float32.
 
@@ -72,8 +86,15 @@
 #define ROWS_Q8_0 2
 #define ROWS_BF16 2
 #define BLOCK 32  // weights per block along K
-// Lanes that share a row: 1 for K < 128 (up to 3 blocks), 8 for K < 1024, else the warp.
+// Lanes that share a row: 1 for K < 128 (up to 3 blocks), 8 for K < 1024, else the warp (half
+// of it in the 16-row kernels, whose stages of X hold fewer blocks).
 #define LANES_PER_ROW (1 + 7 * min(1, K / 128) + 24 * min(1, K / 1024))
+#define LANES_PER_ROW_M16 (1 + 7 * min(1, K / 128) + 8 * min(1, K / 1024))
+// Blocks of X per stage in shared memory (M > 1): the widest LANES_PER_ROW, so that every lane
+// of a stage has a block of it; each block padded from 8 to 9 float4s (below).
+#define STAGE 32
+#define STAGE_M16 16
+#define PADDED (BLOCK / 4 + 1)
 
 enum Format { Q4_0, Q8_0, BF16 };
 
@@ -90,20 +111,37 @@ template <> struct Traits<BF16> {
 
 __device__ __forceinline__ float scale_of(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
 
-// Four weights of one row, dequantized: those FMA'd with the float4 of X at 4 * q within the block.
-template <int F>
-__device__ __forceinline__ void weights4(const uint4 (&raw)[Traits<F>::vecs], float d, int q, float (&w)[4]) {
+// The magic-number trick: the bits 0x4B000000 | n, n < 2^23, are the float 2^23 + n (n is 2^23's
+// mantissa), so a byte moved under that exponent (PRMT, one instruction: byte `which` of `bytes`
+// below the top byte of `exponent`, zeros between) and one subtraction are an exact int-to-float
+// conversion, without I2F (16 per SM per clock in the programming guide's throughput table, an
+// eighth of the FP32 rate). 2^e + n - (2^e + offset) = n - offset, exactly. The constant stays in
+// a register: a mask and an OR of two immediates would be two LOP3s.
+#define TWO_23 0x4B000000u  // 2^23
+#define TWO_19 0x49000000u  // 2^19: a byte 16 n under it is 2^19 + n (the high nibble, unshifted)
+__device__ __forceinline__ float magic_byte(unsigned bytes, unsigned exponent, int which, float offset) {
+    return __uint_as_float(__byte_perm(bytes, exponent, 0x7540 + which)) - offset;
+}
+
+// Four weights of one row: those FMA'd with the float4 of X at 4 * q within the block. q4_0 and
+// q8_0 give the integers (q - 8, q), exact; the block's scale is the caller's (once per block).
+template <int F> __device__ __forceinline__ void weights4(const uint4 (&raw)[Traits<F>::vecs], int q, float (&w)[4]) {
     if constexpr (F == Q4_0) {
-        // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high nibbles.
+        // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high nibbles: the
+        // float4 q < 4 takes the low nibbles of word q, q >= 4 the high ones of word q - 4.
         const unsigned words[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
-        const unsigned v = words[q % 4] >> (q / 4 * 4);
+        const unsigned word = words[q % 4];
+        const unsigned nibbles = q < 4 ? word & 0x0f0f0f0fu : word & 0xf0f0f0f0u;
+        const unsigned exponent = q < 4 ? TWO_23 : TWO_19;
+        const float offset = (q < 4 ? 8388608.f : 524288.f) + 8.f;
 #pragma unroll
-        for (int t = 0; t < 4; ++t) w[t] = d * (float)((int)((v >> (8 * t)) & 15u) - 8);
+        for (int t = 0; t < 4; ++t) w[t] = magic_byte(nibbles, exponent, t, offset);
     } else if constexpr (F == Q8_0) {
+        // Signed bytes: flipping the sign bit adds 128 (0..255), which the subtraction takes away.
         const unsigned words[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-        const unsigned v = words[q];
+        const unsigned biased = words[q] ^ 0x80808080u;
 #pragma unroll
-        for (int t = 0; t < 4; ++t) w[t] = d * (float)((int)(v << (24 - 8 * t)) >> 24);
+        for (int t = 0; t < 4; ++t) w[t] = magic_byte(biased, TWO_23, t, 8388608.f + 128.f);
     } else {
         // A BF16 value is the top half of an FP32 one: a shift or a mask of each 32-bit word.
         const unsigned lo = (&raw[q / 2].x)[q % 2 * 2], hi = (&raw[q / 2].x)[q % 2 * 2 + 1];
@@ -114,28 +152,128 @@ __device__ __forceinline__ void weights4(const uint4 (&raw)[Traits<F>::vecs], fl
     }
 }
 
-template <int F, int MT>
-__device__ __forceinline__ void decode(const uint8_t* __restrict__ Wp, const float* __restrict__ X,
-                                       float* __restrict__ Y, int M, int N, int K) {
+__device__ __forceinline__ int lanes_per_row(int K, int widest) { return K < 128 ? 1 : K < 1024 ? 8 : widest; }
+
+// Where a lane's rows and blocks are: LANES lanes share ROWS rows, block sub, sub + lanes, ...
+// Blocks are counted in 32 bits (N * K / 32 < 2^32), so that an address is one IMAD.WIDE.
+template <int F> struct Rows {
+    static constexpr int R = Traits<F>::rows, V = Traits<F>::vecs;
+    const uint4* quants;
+    const unsigned short* scales;
+    unsigned first[R];  // this lane's first block of each row
+    int row0, sub;
+
+    __device__ __forceinline__ Rows(const uint8_t* Wp, int N, int K, int lanes) {
+        const unsigned blocks = K / BLOCK;
+        const int lane = threadIdx.x % 32;
+        sub = lane % lanes;
+        row0 = ((blockIdx.x * WARPS + threadIdx.x / 32) * (32 / lanes) + lane / lanes) * R;
+        scales = reinterpret_cast<const unsigned short*>(Wp);
+        quants = reinterpret_cast<const uint4*>(F == BF16 ? Wp : Wp + ((size_t)N * blocks * 2 + 15) / 16 * 16);
+        // Rows past N are read as row N - 1 and never stored: every lane of the warp stays for
+        // the shuffles, and no load needs a guard.
+#pragma unroll
+        for (int r = 0; r < R; ++r) first[r] = min(row0 + r, N - 1) * blocks + sub;
+    }
+    // Block `b` (counted from this lane's first) of every row: all the loads first, used once
+    // (evict first).
+    __device__ __forceinline__ void load(unsigned b, uint4 (&raw)[R][V], float (&d)[R]) const {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint4* at = quants + (first[r] + b) * V;
+#pragma unroll
+            for (int v = 0; v < V; ++v) raw[r][v] = __ldcs(at + v);
+            d[r] = F == BF16 ? 1.f : scale_of(__ldcs(scales + (first[r] + b)));
+        }
+    }
+};
+
+// Butterfly reduction within each group of `lanes` lanes (xor offsets below the group width
+// stay inside it); every lane of the warp takes part, so the full mask is right.
+__device__ __forceinline__ float reduce(float v, int lanes) {
+    for (int offset = lanes / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// M = 1: X straight from global memory (K floats, which stay in L1 for every warp of the SM).
+template <int F>
+__device__ __forceinline__ void decode_m1(const uint8_t* __restrict__ Wp, const float* __restrict__ X,
+                                          float* __restrict__ Y, int N, int K) {
     constexpr int R = Traits<F>::rows, V = Traits<F>::vecs;
     const int blocks = K / BLOCK;
-    const int lanes = LANES_PER_ROW;  // a power of two: 1, 8 or 32
-    const int lane = threadIdx.x % 32;
-    const int sub = lane % lanes;  // this lane's share of the row: blocks sub, sub + lanes, ...
-    const int group = (blockIdx.x * WARPS + threadIdx.x / 32) * (32 / lanes) + lane / lanes;
-    const int row0 = group * R;
+    const int lanes = lanes_per_row(K, 32);
+    const Rows<F> rows(Wp, N, K, lanes);
+    const float4* x = reinterpret_cast<const float4*>(X + (size_t)blockIdx.y * K) + (size_t)rows.sub * (BLOCK / 4);
+    Y += (size_t)blockIdx.y * N;  // a row of X per blockIdx.y (the harness launches one)
+
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    // One step ahead: the next block's loads are issued before this one's arithmetic, so that a
+    // lane keeps two steps of W (2 x ROWS blocks) in flight and fewer warps cover the latency.
+    uint4 raw[R][V];
+    float d[R];
+    if (rows.sub < blocks) rows.load(0, raw, d);
+    for (int step = 0; rows.sub + step < blocks; step += lanes) {
+        uint4 next[R][V];
+        float next_d[R];
+        if (rows.sub + step + lanes < blocks) rows.load(step + lanes, next, next_d);
+        // The block's products with the integers q, then its scale once: d * sum(q x), not
+        // sum((d * q) x); the same roundings in another order, one more (the product by d).
+        float part[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) part[r] = 0.f;
+#pragma unroll
+        for (int q = 0; q < BLOCK / 4; ++q) {
+            const float4 xv = __ldg(x + (size_t)step * (BLOCK / 4) + q);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float w[4];
+                weights4<F>(raw[r], q, w);
+                part[r] = fmaf(w[0], xv.x, part[r]);
+                part[r] = fmaf(w[1], xv.y, part[r]);
+                part[r] = fmaf(w[2], xv.z, part[r]);
+                part[r] = fmaf(w[3], xv.w, part[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            acc[r] = F == BF16 ? acc[r] + part[r] : fmaf(d[r], part[r], acc[r]);
+            d[r] = next_d[r];
+#pragma unroll
+            for (int v = 0; v < V; ++v) raw[r][v] = next[r][v];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = reduce(acc[r], lanes);
+    if (rows.sub == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (rows.row0 + r < N) Y[rows.row0 + r] = acc[r];
+    }
+}
+
+// M > 1: MT rows of X, staged in shared memory SB blocks at a time for all the block's warps
+// (their rows of W share it), each lane reading its block's 8 float4s of each row from there.
+template <int F, int MT>
+__device__ __forceinline__ void decode_mt(const uint8_t* __restrict__ Wp, const float* __restrict__ X,
+                                          float* __restrict__ Y, int M, int N, int K) {
+    constexpr int R = Traits<F>::rows, V = Traits<F>::vecs;
+    constexpr int SB = MT == 16 ? STAGE_M16 : STAGE;
+    // The scale once per block needs a partial sum per row of X and of W: 16 more registers for
+    // 4 rows of X, 64 for 16, where a multiply per weight (a sixteenth of the FMAs) is cheaper.
+    constexpr bool scale_per_block = F != BF16 && MT <= 4;
+    // A block of X is 8 float4s; padded to 9, the 8 lanes of a quarter-warp, which read the same
+    // float4 of 8 consecutive blocks, read 8 different groups of 4 banks: no bank conflicts.
+    __shared__ float4 xs[MT][SB][PADDED];
+
+    const unsigned blocks = K / BLOCK;
+    const int lanes = lanes_per_row(K, SB);
+    const Rows<F> rows(Wp, N, K, lanes);
     const int m0 = blockIdx.y * MT;
     const int rows_of_x = min(MT, M - m0);
-    // Rows past N are read as row N - 1 and never stored: every lane of the warp stays for the
-    // shuffles, and no load needs a guard.
-    int row[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) row[r] = min(row0 + r, N - 1);
-
-    const unsigned short* scales = reinterpret_cast<const unsigned short*>(Wp);
-    const size_t quants_at = ((size_t)N * blocks * 2 + 15) / 16 * 16;
-    const uint4* quants = reinterpret_cast<const uint4*>(F == BF16 ? Wp : Wp + quants_at);
-    const float* x = X + (size_t)m0 * K;
+    const unsigned row_of_x = K / 4;  // in float4s
+    const float4* x = reinterpret_cast<const float4*>(X) + (size_t)m0 * row_of_x;
 
     float acc[MT][R];
 #pragma unroll
@@ -143,107 +281,136 @@ __device__ __forceinline__ void decode(const uint8_t* __restrict__ Wp, const flo
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
 
-    for (int b = sub; b < blocks; b += lanes) {
-        uint4 raw[R][V];
-        float d[R];
+    // This thread's share of each stage: float4s c and c + 128 of each row of it.
+    const float4* from = x + threadIdx.x;
+    float4* to = &xs[0][threadIdx.x / 8][threadIdx.x % 8];
+    for (unsigned s0 = 0; s0 < blocks; s0 += SB, from += SB * 8) {
+        // X [m0 .., 32 s0 .. 32 (s0 + SB)) in coalesced 16-byte loads, a row at a time, once every
+        // warp is done with the previous stage. Rows past M are left as they are (rows of X are
+        // computed in fours, but only the rows there are get stored), and blocks past K are
+        // never read.
+        __syncthreads();
 #pragma unroll
-        for (int r = 0; r < R; ++r) {  // every load of the step first, then the arithmetic
-            const size_t block = (size_t)row[r] * blocks + b;
+        for (int j = 0; j < SB * 8 / (WARPS * 32); ++j) {  // 2 (SB = 32) or 1 (16) float4s of a row per thread
+            if (s0 + (threadIdx.x + j * WARPS * 32) / 8 < blocks) {
 #pragma unroll
-            for (int v = 0; v < V; ++v) raw[r][v] = __ldcs(quants + block * V + v);  // used once: evict first
-            d[r] = F == BF16 ? 1.f : scale_of(__ldcs(scales + block));
-        }
-        const float4* xb = reinterpret_cast<const float4*>(x + (size_t)b * BLOCK);
-#pragma unroll
-        for (int q = 0; q < BLOCK / 4; ++q) {
-            float w[R][4];
-#pragma unroll
-            for (int r = 0; r < R; ++r) weights4<F>(raw[r], d[r], q, w[r]);
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                if (m < rows_of_x) {
-                    const float4 xv = __ldg(xb + (size_t)m * (K / 4) + q);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        acc[m][r] = fmaf(w[r][0], xv.x, acc[m][r]);
-                        acc[m][r] = fmaf(w[r][1], xv.y, acc[m][r]);
-                        acc[m][r] = fmaf(w[r][2], xv.z, acc[m][r]);
-                        acc[m][r] = fmaf(w[r][3], xv.w, acc[m][r]);
-                    }
+                for (int m = 0; m < MT; ++m) {
+                    if (m >= rows_of_x) break;
+                    to[(m * SB + j * WARPS * 32 / 8) * PADDED] = __ldg(from + m * row_of_x + j * WARPS * 32);
                 }
             }
         }
+        __syncthreads();  // the stage is written
+
+        for (unsigned b = rows.sub; b < SB && s0 + b < blocks; b += lanes) {
+            uint4 raw[R][V];
+            float d[R];
+            rows.load(s0 + b - rows.sub, raw, d);
+            float part[MT][R];
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int r = 0; r < R; ++r) part[m][r] = scale_per_block ? 0.f : acc[m][r];
+#pragma unroll
+            for (int q = 0; q < BLOCK / 4; ++q) {
+                float w[R][4];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    weights4<F>(raw[r], q, w[r]);
+                    if (!scale_per_block && F != BF16)
+#pragma unroll
+                        for (int t = 0; t < 4; ++t) w[r][t] *= d[r];  // exact: an fp16 times an 8-bit integer
+                }
+                // Rows of X in fours, each four past the first behind a warp-uniform test.
+#pragma unroll
+                for (int m4 = 0; m4 < MT; m4 += 4) {
+                    if (m4 > 0 && m4 >= rows_of_x) break;
+#pragma unroll
+                    for (int m = m4; m < m4 + 4; ++m) {
+                        const float4 xv = xs[m][b][q];
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            part[m][r] = fmaf(w[r][0], xv.x, part[m][r]);
+                            part[m][r] = fmaf(w[r][1], xv.y, part[m][r]);
+                            part[m][r] = fmaf(w[r][2], xv.z, part[m][r]);
+                            part[m][r] = fmaf(w[r][3], xv.w, part[m][r]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    acc[m][r] = scale_per_block ? fmaf(d[r], part[m][r], acc[m][r]) : part[m][r];
+        }
     }
-    // Butterfly reduction within each group of `lanes` lanes (xor offsets below the group width
-    // stay inside it); every lane of the warp takes part, so the full mask is right.
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         if (m < rows_of_x) {
 #pragma unroll
-            for (int r = 0; r < R; ++r)
-                for (int offset = lanes / 2; offset > 0; offset /= 2)
-                    acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], offset);
+            for (int r = 0; r < R; ++r) acc[m][r] = reduce(acc[m][r], lanes);
         }
     }
-    if (sub == 0) {
+    if (rows.sub == 0) {
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (m < rows_of_x && row0 + r < N) Y[(size_t)(m0 + m) * N + row0 + r] = acc[m][r];
+                if (m < rows_of_x && rows.row0 + r < N) Y[(size_t)(m0 + m) * N + rows.row0 + r] = acc[m][r];
     }
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     decode_q4_0_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
                        int K) {
-    decode<Q4_0, 1>(W, X, Y, M, N, K);
+    decode_m1<Q4_0>(W, X, Y, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     decode_q4_0_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
                        int K) {
-    decode<Q4_0, 4>(W, X, Y, M, N, K);
+    decode_mt<Q4_0, 4>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     decode_q4_0_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
                         int K) {
-    decode<Q4_0, 16>(W, X, Y, M, N, K);
+    decode_mt<Q4_0, 16>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     decode_q8_0_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
                        int K) {
-    decode<Q8_0, 1>(W, X, Y, M, N, K);
+    decode_m1<Q8_0>(W, X, Y, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     decode_q8_0_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
                        int K) {
-    decode<Q8_0, 4>(W, X, Y, M, N, K);
+    decode_mt<Q8_0, 4>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     decode_q8_0_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
                         int K) {
-    decode<Q8_0, 16>(W, X, Y, M, N, K);
+    decode_mt<Q8_0, 16>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     decode_bf16_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
                        int K) {
-    decode<BF16, 1>(W, X, Y, M, N, K);
+    decode_m1<BF16>(W, X, Y, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     decode_bf16_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
                        int K) {
-    decode<BF16, 4>(W, X, Y, M, N, K);
+    decode_mt<BF16, 4>(W, X, Y, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     decode_bf16_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
                         int K) {
-    decode<BF16, 16>(W, X, Y, M, N, K);
+    decode_mt<BF16, 16>(W, X, Y, M, N, K);
 }

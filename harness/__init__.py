@@ -11,14 +11,23 @@
 Shapes are ``N`` (square) or ``MxNxK``: C = A @ B is M x N and K is the inner dimension.
 """
 
-from . import quant as quant  # decode weight formats: harness.quant.quantize(w, "q4_0")
-from . import sources  # noqa: I001 - (only for the check below)
-from .checking import check, reference
-from .compare import Results, Row, compare
-from .core import Backend, BrokenError, Implementation, Matmul, MatmulInputError, Prepared, UnavailableError
-from .external import add_external
-from .inputs import Shape, make_inputs, parse_shape
-from .registry import implementations, lookup, register
+import harness.backends  # noqa: F401 - registers every implementation, in reading order
+from harness.backends.external import add_external
+from harness.env import sources
+from harness.model import quant as quant  # decode weight formats: harness.quant.quantize(w, "q4_0")
+from harness.model.checking import check, reference
+from harness.model.core import (
+    Backend,
+    BrokenError,
+    Implementation,
+    Matmul,
+    MatmulInputError,
+    Prepared,
+    UnavailableError,
+)
+from harness.model.inputs import Shape, make_inputs, parse_shape
+from harness.model.registry import implementations, lookup, register
+from harness.run.compare import Results, Row, compare
 
 sources.warn_if_shadowed()
 

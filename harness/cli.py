@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
-from . import files, registry
-from .core import run_mode
-from .inputs import parse_shape, shape_argument
-from .switches import switch_problems
+from harness.env import files
+from harness.env.switches import switch_problems
+from harness.experiments.arguments import positive_seconds
+from harness.model import registry
+from harness.model.core import run_mode
+from harness.model.inputs import parse_shape, shape_argument
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,43 +33,6 @@ def _seed(text: str) -> int:
     return value
 
 
-# argparse types for every number of every command (the experiments' too): a bad value is a
-# usage error naming its option, before anything is measured, not a row error or a traceback.
-def positive_seconds(text: str) -> float:
-    """A time in seconds: a finite number > 0 (0, -1, nan and inf are refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid time {text!r}: expected seconds, a number > 0") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"invalid time {text}: expected a finite number of seconds > 0")
-    return value
-
-
-def count_at_least(lowest: int):
-    """The type of a count: a whole number >= ``lowest``."""
-
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected a whole number >= {lowest}") from None
-        if value < lowest:
-            raise argparse.ArgumentTypeError(f"invalid number {value}: expected a whole number >= {lowest}")
-        return value
-
-    return count
-
-
-def shape_without_zeros(text: str) -> str:
-    """A shape, N or MxNxK, with no dimension 0 (a product of nothing has no time to measure),
-    returned as given: the experiments compare their shapes' text with their defaults'."""
-    shape = shape_argument(text)
-    if 0 in shape:
-        raise argparse.ArgumentTypeError(f"invalid shape {text!r}: every dimension must be 1 or more")
-    return text
-
-
 def _plot_path(text: str) -> str:
     """A --plot destination in a format matplotlib writes (checked before anything is measured)."""
     problem = files.plot_format_problem(text)
@@ -83,9 +47,9 @@ def _thread_count_problem(args, command_parser) -> str | None:
     given = getattr(args, "threads", None)
     if given is None or given == command_parser.get_default("threads"):
         return None  # a command's own default is its choice
-    from .backends.c import default_threads
+    from harness.env.cores import usable_cores
 
-    cores = default_threads()
+    cores = usable_cores()
     lowest = 0 if args.command == "compare" else 1
     for value in given if isinstance(given, list) else [given]:
         if not lowest <= value <= cores:
@@ -123,7 +87,7 @@ def implementation_table(markdown: bool = False) -> str:
         if reason is None:
             mode = run_mode(impl)
             available = "yes" if mode == "native" else f"yes, {mode} on the CPU (checked, not timed)"
-            from .registry import describe
+            from harness.model.registry import describe
 
             detail = describe(impl)
             available += f": {detail}" if detail else ""
@@ -139,7 +103,7 @@ def implementation_table(markdown: bool = False) -> str:
 
 def _run_experiment(name: str, out: str, options: dict) -> None:
     """Say what runs and for how long, run it, then say what it found and where it wrote."""
-    from .experiments import EXPERIMENTS
+    from harness.experiments import EXPERIMENTS
 
     module = EXPERIMENTS[name]
     print(f"== {name}: {module.TITLE} ({module.DURATION})", flush=True)
@@ -231,7 +195,7 @@ def main(argv=None) -> int:
     )
     comparing.add_argument("--no-progress", action="store_true")
 
-    from .experiments import EXPERIMENTS
+    from harness.experiments import EXPERIMENTS
 
     for name, module in EXPERIMENTS.items():
         experiment = commands.add_parser(name, help=module.TITLE)
@@ -289,7 +253,7 @@ def _refuse_unwritable(parser, paths=(), folders=()) -> None:
 
 def _dispatch(parser, command_parsers, args) -> int:
     """The checks every command shares (switches, --threads), then the command's own function."""
-    from .experiments import EXPERIMENTS
+    from harness.experiments import EXPERIMENTS
 
     for problem in switch_problems():
         parser.error(problem)
@@ -312,8 +276,8 @@ def _experiment_command(parser, args) -> int:
 
 
 def _experiments_command(parser, args) -> int:
-    from .experiments import EXPERIMENTS
-    from .report import write_report
+    from harness.experiments import EXPERIMENTS
+    from harness.tooling.report import write_report
 
     _refuse_unwritable(parser, folders=[args.out])
     for name in args.only or EXPERIMENTS:
@@ -323,7 +287,7 @@ def _experiments_command(parser, args) -> int:
 
 
 def _report_command(parser, args) -> int:
-    from .report import write_report
+    from harness.tooling.report import write_report
 
     if Path(args.directory).is_dir():  # (a missing one has nothing to report)
         _refuse_unwritable(parser, paths=[str(Path(args.directory) / "REPORT.md")])
@@ -339,7 +303,7 @@ def _report_command(parser, args) -> int:
 
 
 def _headline_command(parser, args) -> int:
-    from .headline import write
+    from harness.tooling.headline import write
 
     _refuse_unwritable(parser, folders=[args.out])
     try:
@@ -352,7 +316,7 @@ def _headline_command(parser, args) -> int:
 
 
 def _verdicts_command(parser, args) -> int:
-    from .verdicts import main as judge
+    from harness.tooling.verdicts import main as judge
 
     return judge(args.json_files)
 
@@ -363,7 +327,7 @@ def _list_command(parser, args) -> int:
 
 
 def _cuda_info_command(parser, args) -> int:
-    from .backends import cuda
+    from harness.backends import cuda
 
     try:
         sys.stdout.write(cuda.resource_table(tuple(args.arch or cuda.ARCHS)))
@@ -374,8 +338,8 @@ def _cuda_info_command(parser, args) -> int:
 
 
 def _compare_command(parser, args) -> int:
-    from .compare import compare
-    from .external import ExternalError, add_external, is_external
+    from harness.backends.external import ExternalError, add_external, is_external
+    from harness.run.compare import compare
 
     try:  # your own implementations, FILE:FUNCTION, join the registry under their names
         args.impls = [add_external(spec) if is_external(spec) else spec for spec in args.impls or []] or None

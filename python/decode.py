@@ -9,7 +9,7 @@ scale d and 32 small integers q, weight = d * q.
 This file is the readable model of what the C kernels (c/decode.c) do: read one block of
 raw bytes, turn it into 32 float32 weights, and multiply it into every activation row before
 reading the next block. It imports nothing from the harness; the byte layouts are written
-out here as ggml defines them (harness/quant.py makes the bytes):
+out here as ggml defines them (harness/model/quant.py makes the bytes):
 
     q8_0  34 bytes: float16 d, then 32 int8 q            weight i = d * q[i]
     q4_0  18 bytes: float16 d, then 16 bytes b            weight i = d * ((b[i] & 15) - 8),

@@ -13,12 +13,20 @@ import sys
 import numpy as np
 
 import harness
-from harness.inputs import Shape
-from harness.quant import quantize
+from harness.model.inputs import Shape
+from harness.model.quant import quantize
 
 GEMM_SHAPES = (Shape(67, 45, 33), Shape(129, 131, 70))
 GEMV_SHAPES = (Shape(1, 45, 67), Shape(1, 131, 1030))
-DECODE_SHAPES = (Shape(1, 45, 96), Shape(5, 131, 1056), Shape(17, 33, 4128))
+# every path along K: one lane a row (96), 8 lanes (544), the warp (1056, 4128); each tile of rows of X
+DECODE_SHAPES = (
+    Shape(1, 45, 96),
+    Shape(1, 67, 544),
+    Shape(3, 45, 544),
+    Shape(9, 33, 544),
+    Shape(5, 131, 1056),
+    Shape(17, 33, 4128),
+)
 
 
 def main() -> int:

@@ -103,7 +103,7 @@ def default_groups() -> list[tuple[str, list[str], list[str], list[str], list[st
 # ---- shared pieces -------------------------------------------------------------------------
 def write_whole(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all (a reader, or a kill, never sees half)."""
-    from harness import files
+    from harness.env import files
 
     files.write_text(path, text)
 
@@ -318,7 +318,7 @@ def compare_group(
     from dataclasses import asdict
 
     import harness
-    from harness.results import finite_or_null
+    from harness.run.results import finite_or_null
 
     # formats outermost: the first (q4_0, which the verdicts judge) is measured at every shape
     # before the others, in case the step's time runs out
@@ -355,7 +355,7 @@ def compare_group(
 
 def merge_rows(out: Path) -> int:
     """comparison.json and .csv from every row written so far; the number of rows."""
-    from harness.results import Results, Row, fill_speedups
+    from harness.run.results import Results, Row, fill_speedups
 
     rows, machine, settings = [], {}, {}
     fields = set(Row.__dataclass_fields__)
@@ -462,7 +462,7 @@ def compare(
         write_whole(out / "groups.txt", "\n".join(report) + "\n")
     write_whole(out / "groups.txt", "\n".join(report) + "\n")
     if plot and (out / "comparison.json").exists():
-        from harness.compare import Results
+        from harness.run.compare import Results
 
         Results.from_json(out / "comparison.json").plot(out / "comparison.png")
     return status

@@ -26,7 +26,7 @@ def pytest_addoption(parser):
         "--matmul-impls",
         default=None,
         help="your own implementations to benchmark beside ours, FILE:FUNCTION separated by spaces "
-        "(env MATMUL_BENCH_IMPLS; e.g. 'mine.py:matmul mine.c:my_matmul', see harness/external.py)",
+        "(env MATMUL_BENCH_IMPLS; e.g. 'mine.py:matmul mine.c:my_matmul', see harness/backends/external.py)",
     )
     group.addoption(
         "--matmul-dtypes",
@@ -89,7 +89,7 @@ def pytest_configure(config):
     # Your own implementations join the registry before the suite is parametrized over it.
     external = config.getoption("--matmul-impls", default=None) or os.environ.get("MATMUL_BENCH_IMPLS")
     if external:
-        from harness.external import ExternalError, add_external
+        from harness.backends.external import ExternalError, add_external
 
         for spec in _split(external):
             try:
@@ -102,7 +102,7 @@ REQUIRE_GPU_ENV = "MATMUL_REQUIRE_GPU"
 
 
 def _gpu_required() -> bool:
-    from harness.switches import switch
+    from harness.env.switches import switch
 
     return switch(REQUIRE_GPU_ENV)
 
@@ -135,7 +135,7 @@ def pytest_runtest_makereport(item, call):
 # ---- pytest --benchmark-only: groups in numeric order, compact columns, a GFLOP/s summary -----
 def _group_key(group: str | None):
     """'1024x1024x1024 float32' sorts after '128x128x128 float32': by FLOPs, then dtype."""
-    from harness.inputs import parse_shape
+    from harness.model.inputs import parse_shape
 
     try:
         shape_text, dtype = (group or "").split(" ", 1)
@@ -163,8 +163,8 @@ def benchmark_summary(benchmarks) -> list[str]:
     """One block per shape and dtype, in numeric order: median, GFLOP/s, % of peak and
     speed against the baseline (numpy.matmul on the CPU, torch.cublas on the GPU)."""
     import harness
-    from harness import machine
-    from harness.render import format_time, ratio_text
+    from harness.run import machine
+    from harness.run.render import format_time, ratio_text
 
     groups: dict[str, list] = {}
     for bench in benchmarks:

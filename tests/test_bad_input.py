@@ -10,7 +10,7 @@ import pytest
 
 import harness
 from harness import MatmulInputError
-from harness.inputs import parse_shape
+from harness.model.inputs import parse_shape
 
 CPU_GEMMS = [
     "python.ijk",

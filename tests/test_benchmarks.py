@@ -21,9 +21,9 @@ from conftest import bench_decode, bench_dtypes, bench_shapes
 from threadpoolctl import threadpool_limits
 
 import harness
-from harness import quant
-from harness.core import MatmulInputError, check_problem
-from harness.inputs import parse_shape
+from harness.model import quant
+from harness.model.core import MatmulInputError, check_problem
+from harness.model.inputs import parse_shape
 
 PURE_PYTHON_DEFAULT_MAX_FLOPS = 2 * 128**3
 # Plain `pytest` runs each case once to see that it works: the default shapes up to 256^3 FLOPs

@@ -22,7 +22,8 @@ import sys
 
 import pytest
 
-from harness import clib, sources
+from harness.backends.c import clib
+from harness.env import sources
 
 # Set in the subprocess, so this file does not run itself again there.
 INNER_RUN = "MATMUL_BUILD_LEVEL_RUN"
@@ -73,7 +74,7 @@ def _python(library, code: str) -> subprocess.CompletedProcess:
 def _loaded_facts(library) -> dict:
     done = _python(
         library,
-        "import json; from harness import clib; from harness.backends import c\n"
+        "import json; from harness.backends.c import clib; from harness.backends import c\n"
         "print(json.dumps({'isa': clib.build_isa(), 'variants': c.packed_variants()}))",
     )
     assert done.returncode == 0, done.stderr[-3000:]

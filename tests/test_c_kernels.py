@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness.inputs import Shape
+from harness.model.inputs import Shape
 
 C_KERNELS = ["c.naive_ijk", "c.naive_ikj", "c.blocked", "c.goto"]
 # The kernels compiled without FMA contraction, whose sum over p runs in one order (c/naive.c)

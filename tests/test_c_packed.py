@@ -11,8 +11,8 @@ import pytest
 
 import harness
 from harness.backends import c as c_backend
-from harness.core import UnavailableError
-from harness.inputs import Shape
+from harness.model.core import UnavailableError
+from harness.model.inputs import Shape
 
 IMPL = harness.lookup("c.packed")
 _reason = IMPL.unavailable_reason()
@@ -128,7 +128,7 @@ def test_bad_thread_counts_are_refused():
 
 
 def test_c_interface_error_codes_and_empty_sum():
-    from harness import clib
+    from harness.backends.c import clib
 
     ffi, lib = clib.load()
     a = np.ones((3, 0), np.float32)

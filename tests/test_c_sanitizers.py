@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from harness import clib, sources
+from harness.backends.c import clib
+from harness.env import sources
 
 # Set in the subprocess, so this file does not run itself again there.
 INNER_RUN = "MATMUL_SANITIZER_RUN"

@@ -22,8 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import cache, clib, machine, sass, sources
+from harness.backends.c import clib
 from harness.backends.cuda import emulation, toolkit
+from harness.env import cache, sources
+from harness.run import machine
+from harness.tooling import sass
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("harness", "c", "cuda", "python", "triton")
@@ -211,7 +214,7 @@ def test_a_truncated_matmul_c_library_is_a_clear_error_not_a_bus_error(tmp_path,
 
 LOADED_FILES = """
 import json, os
-from harness import clib
+from harness.backends.c import clib
 clib.load()
 with open("/proc/self/maps") as maps:
     mapped = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import harness
-import harness.sources
-from harness import checking
-from harness.core import MatmulInputError, check_problem
-from harness.inputs import Shape
+import harness.env.sources
+from harness.model import checking
+from harness.model.core import MatmulInputError, check_problem
+from harness.model.inputs import Shape
 
 EDGE_SIZES = [1, 2, 7, 15, 16, 17, 33, 63, 64, 65, 127, 128, 129]
 NON_SQUARE = [
@@ -73,7 +73,7 @@ def test_registry_metadata_is_complete():
         assert impl.operation in ("gemm", "gemv")
         assert impl.dtypes and impl.summary
         if impl.source:
-            assert harness.sources.source_path(impl.source).is_file(), impl.source
+            assert harness.env.sources.source_path(impl.source).is_file(), impl.source
 
 
 def test_check_rejects_a_wrong_result():

@@ -14,9 +14,9 @@ import re
 import pytest
 
 import harness
-from harness import sources
 from harness.backends.cuda import emulation, plans, resources, toolkit
-from harness.sources import source_path
+from harness.env import sources
+from harness.env.sources import source_path
 
 pytestmark = pytest.mark.skipif(toolkit.nvcc() is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda)")
 
@@ -128,7 +128,7 @@ def test_static_shared_memory_is_what_each_header_states(source, arch):
 
 
 def _sass_or_skip(source: str, arch: str) -> dict:
-    from harness import sass
+    from harness.tooling import sass
 
     if sass.unavailable_reason() is not None:
         pytest.skip(str(sass.unavailable_reason()))

@@ -1,7 +1,9 @@
 """cuda.decode (cuda/decode.cu) on the CPU emulation: Y = X W^T with W in q8_0, q4_0 or bf16,
 the same .cu file and launch geometry as on the GPU, checked against the float64 product of X
 and the weights the format holds (quant.QuantizedWeights.dequantize(), exact), with the float32
-error model; the repacked layout it reads; and its SASS: 16-byte global loads, no spills."""
+error model, at every K path (one lane, 8 lanes or the warp on a row); the repacked layout it
+reads; a wrong scale or a missing barrier caught; and its SASS: 16-byte global loads, no
+spills, W kept in flight (the instruction budget: tests/test_cuda_decode_sass.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +12,17 @@ import pytest
 from code_edits import replace_code
 
 import harness
-from harness import quant, sass
 from harness.backends.cuda import emulation, plans, resources, toolkit
-from harness.checking import check
-from harness.inputs import Shape
+from harness.model import quant
+from harness.model.checking import check
+from harness.model.inputs import Shape
+from harness.tooling import sass
 
 needs_emulation = pytest.mark.skipif(
     emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
 )
 FORMATS = ["q8_0", "q4_0", "bf16"]
-EDGE_K = [32, 64, 96, 4128]
+EDGE_K = [32, 64, 96, 544, 4128]  # 544: 8 lanes a row (128 <= K < 1024)
 EDGE_N = [1, 7, 33]
 EDGE_M = list(range(1, 18))  # 17: a second pass of 16 rows (blockIdx.y)
 BF16_K = [1, 31, 33]  # bf16 has no blocks: padded with zero weights to a multiple of 32
@@ -76,32 +79,54 @@ def test_emulated_decode_through_compare(emulate):
         assert row.passed and row.mode == "emulated" and row.median_s is None, row
 
 
-@needs_emulation
-def test_a_scale_read_from_the_wrong_block_is_caught(emulate):
-    """A kernel that reads the scale of the wrong block (block 0 of every row) fails the check:
-    the test sees what the kernel computes, not only that it runs."""
-    from harness.sources import source_path
-
-    text = source_path("cuda/decode.cu").read_text()
-    right = "scale_of(__ldcs(scales + block))"
-    library = emulation.EmulatedLibrary(
-        emulation.build_emulation(
-            "cuda/decode.cu",
-            source_text=replace_code(text, right, "scale_of(__ldcs(scales + (size_t)row[r] * blocks))"),
-            tag="first-scale",
-        )
-    )
-    shape = Shape(2, 9, 256)
-    w = quant.quantize(_weights(shape.n, shape.k, seed=1), "q4_0")
+def _run_variant(source_text: str, tag: str, shape: Shape, fmt: str = "q4_0") -> bool:
+    """Whether cuda/decode.cu edited into ``source_text`` computes ``shape`` right (emulated)."""
+    library = emulation.EmulatedLibrary(emulation.build_emulation("cuda/decode.cu", source_text=source_text, tag=tag))
+    w = quant.quantize(_weights(shape.n, shape.k, seed=1), fmt)
     x = np.random.default_rng(2).standard_normal((shape.m, shape.k)).astype(np.float32)
     inputs, out_shape, k = plans.decode_buffers(x, w)
     buffers = {name: emulation._aligned_copy(a) for name, a in inputs.items()}
     buffers["C"] = emulation._aligned_copy(np.full(out_shape, np.nan, np.float32))
     library.launch(
-        plans.plan(plans.decode_technique("q4_0", shape.m), "float32", shape.m, shape.n, k),
+        plans.plan(plans.decode_technique(fmt, shape.m), "float32", shape.m, shape.n, k),
         {name: b.ctypes.data for name, b in buffers.items()},
     )
-    assert not check(buffers["C"], x, w.dequantize().T).passed
+    return check(buffers["C"], x, w.dequantize().T).passed
+
+
+def _source() -> str:
+    from harness.env.sources import source_path
+
+    return source_path("cuda/decode.cu").read_text()
+
+
+@needs_emulation
+def test_a_scale_read_from_the_wrong_block_is_caught(emulate):
+    """A kernel that reads the scale of the wrong block (block 0 of every row) fails the check:
+    the test sees what the kernel computes, not only that it runs."""
+    right = "scale_of(__ldcs(scales + (first[r] + b)))"
+    wrong = replace_code(_source(), right, "scale_of(__ldcs(scales + (first[r] - sub)))")
+    assert not _run_variant(wrong, "first-scale", Shape(2, 9, 256))
+
+
+@needs_emulation
+@pytest.mark.parametrize(
+    "barrier, without",
+    [
+        ("for (unsigned s0 = 0; s0 < blocks; s0 += SB, from += SB * 8) { __syncthreads();",
+         "for (unsigned s0 = 0; s0 < blocks; s0 += SB, from += SB * 8) {"),
+        ("__syncthreads(); for (unsigned b = rows.sub;", "for (unsigned b = rows.sub;"),
+    ],
+    ids=["before-staging", "after-staging"],
+)  # fmt: skip
+def test_a_missing_barrier_around_the_stage_of_x_is_caught(emulate, barrier, without):
+    """M > 1 stages X in shared memory for all the block's warps: without the barrier before a
+    stage is written, a warp overwrites what others still read; without the one after, it reads
+    what others have not written yet. K = 2080 is 3 stages of 32 blocks."""
+    text = _source()
+    assert _run_variant(text, "", Shape(3, 9, 2080))
+    tag = "no-barrier-" + ("before" if "s0" in barrier else "after")
+    assert not _run_variant(replace_code(text, barrier, without), tag, Shape(3, 9, 2080))
 
 
 def test_the_repacked_weights_are_ggmls_bytes_in_another_order():
@@ -132,8 +157,10 @@ def test_the_launch_tiles_rows_of_x_and_shares_warps_between_short_rows():
         "decode_q4_0_m16",
         "decode_q4_0_m16",
     ]
-    long = plans.plan("decode_q4_0_m16", "float32", 17, 1000, 4096)
-    assert long.grid == (-(-1000 // 16), 2, 1) and long.block == (128, 1, 1)  # 4 warps x 4 rows; 2 passes over M
+    long = plans.plan("decode_q4_0_m1", "float32", 1, 1000, 4096)
+    assert long.grid == (-(-1000 // 16), 1, 1) and long.block == (128, 1, 1)  # 4 warps x 4 rows
+    # 16 rows of X: half a warp a row (its stages of X are 16 blocks), 2 passes over M
+    assert plans.plan("decode_q4_0_m16", "float32", 17, 1000, 4096).grid == (-(-1000 // 32), 2, 1)
     short = plans.plan("decode_q4_0_m1", "float32", 1, 1000, 32)  # K = 32: one lane per row, 128 rows per warp
     assert short.grid == (-(-1000 // 512), 1, 1)
     assert plans.plan("decode_q4_0_m1", "float32", 1, 1000, 256).grid == (-(-1000 // 64), 1, 1)  # 8 lanes a row
@@ -175,10 +202,20 @@ def test_decode_streams_w_in_16_byte_loads_without_spills(arch):
 
 
 @needs_nvcc
-def test_decode_registers_fit_its_block_and_the_gemv_kernels_stay_lean():
+def test_decode_registers_fit_its_block_and_the_m1_kernels_keep_w_in_flight():
+    """M = 1 is bound by the memory, so an SM must hold enough loads of W in flight to cover
+    their latency. A lane of an M = 1 kernel has two steps of ROWS blocks in flight (the next
+    step's loads are issued before this step's arithmetic), so an SM has
+    (blocks of 128 threads its registers hold) x 128 x 2 x ROWS x (16, 32 or 64 bytes). At
+    least 64 KiB: what the first version's 32 warps of one 2 KiB step held, and more than
+    Little's law asks at 4.8 TB/s over 132 SMs with about 1 us of latency (36 KB)."""
     kernels, log = resources.compile_with_ptxas("cuda/decode.cu", "sm_90")
     registers = {k.kernel: k.registers for k in kernels}
     assert not any(k.spills for k in kernels), log
-    for fmt in FORMATS:  # M = 1 is the bandwidth-bound GEMV: it must keep the occupancy to hide latency
-        assert registers[f"decode_{fmt}_m1_f32"] <= 64, log
+    defines = plans.launch_specs()["decode_q4_0_m1"].defines
+    for fmt, quant_bytes in (("q4_0", 16), ("q8_0", 32), ("bf16", 64)):
+        allocated = -(-registers[f"decode_{fmt}_m1_f32"] // 8) * 8  # per thread, in units of 8
+        blocks_per_sm = min(65536 // (allocated * 128), 16)  # 64 warps at most
+        in_flight = blocks_per_sm * 128 * 2 * int(defines[f"ROWS_{fmt.upper()}"]) * quant_bytes
+        assert in_flight >= 64 * 1024, (fmt, registers, in_flight)
     assert max(registers.values()) <= 255, log

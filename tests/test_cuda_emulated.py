@@ -10,8 +10,8 @@ from code_edits import replace_code
 
 import harness
 from harness.backends.cuda import emulation, loaders, plans
-from harness.inputs import Shape
-from harness.sources import source_path
+from harness.env.sources import source_path
+from harness.model.inputs import Shape
 
 pytestmark = pytest.mark.skipif(
     emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())
@@ -104,7 +104,7 @@ def test_unavailable_without_gpu_or_emulation(monkeypatch):
         assert reason and emulation.EMULATE_ENV in reason
         a, b = harness.make_inputs(Shape(1, 16, 32), impl.dtypes[0])
         if impl.weights:
-            from harness.quant import quantize
+            from harness.model.quant import quantize
 
             b = quantize(np.ascontiguousarray(b.T), impl.weights[0])
         with pytest.raises(harness.UnavailableError):

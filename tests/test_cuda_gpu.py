@@ -3,7 +3,7 @@
 Skipped, with the reason, where there is no CUDA GPU or no loader (with MATMUL_REQUIRE_GPU=1, as
 scripts/gpu_check.sh sets, a skip here is a failure). Outputs are pre-filled with NaN, so an
 element a kernel never writes fails the check. The speed targets are not tested here: they are
-judged from the GPU comparison's JSON (``python -m harness verdicts``, harness/verdicts.py).
+judged from the GPU comparison's JSON (``python -m harness verdicts``, harness/tooling/verdicts.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 import harness
 from harness.backends.cuda import emulation, loaders
-from harness.inputs import Shape
+from harness.model.inputs import Shape
 
 _reason = loaders.native_unavailable_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_reason is not None, reason=str(_reason))]
@@ -70,7 +70,11 @@ def test_native_matches_reference(name, shape, dtype, loader):
     assert outcome.passed, f"{name} at {shape} {dtype} ({loader}): {outcome.message}"
 
 
-DECODE_SHAPES = [Shape(m, n, k) for m in (1, 4, 5, 16, 17) for n, k in [(1, 32), (7, 96), (33, 4128), (4096, 4096)]]
+# K = 96: one lane a row; 544: 8 lanes a row (128 <= K < 1024); 4128 and 4096: the warp (half of it for 5..16
+# rows of X), 4128 with a last stage of X of one block
+DECODE_SHAPES = [
+    Shape(m, n, k) for m in (1, 4, 5, 16, 17) for n, k in [(1, 32), (7, 96), (65, 544), (33, 4128), (4096, 4096)]
+]
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16"])
@@ -79,7 +83,7 @@ def test_native_decode_matches_reference(fmt, loader):
     product of X and the weights the format holds."""
     import numpy as np
 
-    from harness.quant import quantize
+    from harness.model.quant import quantize
 
     for shape in DECODE_SHAPES:
         x, b = harness.make_inputs(shape, "float32", seed=7)

@@ -25,7 +25,7 @@ import pytest
 from code_edits import replace_code
 
 from harness.backends.cuda import emulation, plans
-from harness.sources import source_path
+from harness.env.sources import source_path
 
 pytestmark = [
     pytest.mark.slow,

@@ -28,7 +28,7 @@ import pytest
 from code_edits import replace_code
 
 from harness.backends.cuda import emulation, plans, toolkit
-from harness.sources import source_path
+from harness.env.sources import source_path
 
 
 def _cute_include() -> Path | None:

@@ -1,4 +1,4 @@
-"""Decode with quantized weights: the formats (harness/quant.py) byte for byte against the gguf
+"""Decode with quantized weights: the formats (harness/model/quant.py) byte for byte against the gguf
 package (llama.cpp's Python reference), their refusals, and every decode implementation
 (python.decode, c.decode in each variant this CPU has) on the edge shapes against the float64
 product of X and the weights the format holds, with the same bits for every thread count."""
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import harness
-from harness import quant
-from harness.checking import check
-from harness.core import MatmulInputError
+from harness.model import quant
+from harness.model.checking import check
+from harness.model.core import MatmulInputError
 
 FORMATS = ["q8_0", "q4_0", "bf16"]
 
@@ -336,14 +336,14 @@ def _check_int8(y, x, w, label):
     d_x = quant.quantize(np.ascontiguousarray(x), "q8_0").scales().astype(np.float64)  # [M, K / 32]
     abs_w = np.abs(w.dequantize().astype(np.float64)).reshape(w.n, k // 32, 32).sum(axis=-1)  # [N, K / 32]
     bound = (d_x / 2) @ abs_w.T
-    from harness.checking import reference_data, tolerance
+    from harness.model.checking import reference_data, tolerance
 
     ref = reference_data(xq, w.dequantize().T)
     allowed = bound + tolerance("float32", k, ref.product, ref.terms_norm)
     error = np.abs(y - exact)
     assert (error <= allowed).all(), f"{label}: {int((error > allowed).sum())} outputs past X's rounding bound"
     # 3. the model the harness checks it with: the exact product, plus the error X's q8_0
-    #    rounding implies (harness/activation_error.py), as the implementation declares
+    #    rounding implies (harness/model/activation_error.py), as the implementation declares
     declared = check(y, x, w.dequantize().T, activation_rounding=INT8.activation_rounding)
     assert declared.passed, f"{label} (declared activation rounding): {declared.message}"
     return float((error / np.maximum(allowed, 1e-300)).max())

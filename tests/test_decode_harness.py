@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import harness
-from harness import quant, registry
 from harness.cli import main
-from harness.core import MatmulInputError
+from harness.model import quant, registry
+from harness.model.core import MatmulInputError
 
 
 class _DequantizingBackend(harness.Backend):
@@ -32,7 +32,6 @@ class _DequantizingBackend(harness.Backend):
         assert isinstance(b, quant.QuantizedWeights) and a.dtype == np.float32
 
         class Prepared(harness.Prepared):
-
             def run(self):
                 w = b.dequantize()
                 if backend.wrong:  # a scale read from the wrong block: the first block of each row
@@ -49,10 +48,9 @@ class _DequantizingBackend(harness.Backend):
 @pytest.fixture
 def decode_kernels(monkeypatch):
     monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
-    monkeypatch.setattr(harness, "REGISTRY", registry.REGISTRY)
     import sys
 
-    monkeypatch.setattr(sys.modules["harness.compare"], "REGISTRY", registry.REGISTRY)
+    monkeypatch.setattr(sys.modules["harness.run.compare"], "REGISTRY", registry.REGISTRY)
     for name, wrong in (("mine.decode", False), ("mine.wrong_decode", True)):
         harness.register(
             harness.Implementation(
@@ -88,8 +86,8 @@ def test_decode_rows_count_the_bytes_actually_read(decode_kernels):
         weights = 64 * 128 // 32 * bytes_per_block
         activations_and_output = (2 * 128 + 2 * 64) * 4
         assert row.gbytes_per_s == pytest.approx((weights + activations_and_output) / row.median_s / 1e9)
-        if harness.machine.memory_roof_gbps(1):
-            assert row.memory_pct == pytest.approx(100 * row.gbytes_per_s / harness.machine.memory_roof_gbps(1))
+        if harness.run.machine.memory_roof_gbps(1):
+            assert row.memory_pct == pytest.approx(100 * row.gbytes_per_s / harness.run.machine.memory_roof_gbps(1))
     assert "GB/s" in str(results) and "% mem" in str(results)
 
 
@@ -163,14 +161,14 @@ def test_the_command_line_compares_formats_and_writes_them(decode_kernels, tmp_p
 
 
 def test_the_memory_roof_is_measured_for_the_threads_a_row_uses():
-    one = harness.machine.memory_roof_gbps(1)
+    one = harness.run.machine.memory_roof_gbps(1)
     if one is None:
         pytest.skip("no measured memory roof here (the C library's roof functions are missing)")
-    from harness.backends.c import default_threads
+    from harness.env.cores import usable_cores
 
-    if default_threads() < 2:
+    if usable_cores() < 2:
         pytest.skip("one core: no multi-thread roof to measure")
-    two = harness.machine.memory_roof_gbps(2)
+    two = harness.run.machine.memory_roof_gbps(2)
     # two cores read at least about as fast as one (a busy machine can make them no faster)
     assert two is not None and two > 0.5 * one
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from harness.experiments import EXPERIMENTS
-from harness.report import write_report
+from harness.tooling.report import write_report
 
 
 def _outputs(directory, name):

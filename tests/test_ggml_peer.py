@@ -1,5 +1,5 @@
 """ggml.mul_mat, llama.cpp's own Q4_0 / Q8_0 product, as the decode rows' peer; and the error
-model of a kernel that rounds its activations to Q8_0 (harness/activation_error.py).
+model of a kernel that rounds its activations to Q8_0 (harness/model/activation_error.py).
 
 The model's tests run everywhere. Those of ggml itself need ggml-python
 (``pip install ggml-python``, or the ``ggml`` extra; not in the test extra, which CI installs)
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import harness
-from harness import activation_error
 from harness.backends import ggml_peer
-from harness.checking import check
-from harness.inputs import make_inputs
-from harness.quant import quantize
+from harness.model import activation_error
+from harness.model.checking import check
+from harness.model.inputs import make_inputs
+from harness.model.quant import quantize
 
 IMPL = harness.lookup("ggml.mul_mat")
 REASON = IMPL.unavailable_reason()
@@ -201,18 +201,20 @@ def test_ggml_refuses_float_weights_and_gives_zeros_for_k_0():
         harness.get("ggml.mul_mat")(x, np.ascontiguousarray(w_float.T))
     empty = harness.get("ggml.mul_mat")(np.ones((2, 0), np.float32), quantize(np.ones((3, 0), np.float32), "q4_0"))
     assert empty.shape == (2, 3) and not empty.any()
-    assert "ggml" in harness.registry.describe(IMPL)
+    assert "ggml" in harness.model.registry.describe(IMPL)
 
 
 # harness.compare is the function; the module is in sys.modules
-COMPARE_PASSES_THE_DECLARATION = "activation_rounding" in inspect.getsource(importlib.import_module("harness.compare"))
+COMPARE_PASSES_THE_DECLARATION = "activation_rounding" in inspect.getsource(
+    importlib.import_module("harness.run.compare")
+)
 
 
 @needs_ggml
 @pytest.mark.xfail(
     not COMPARE_PASSES_THE_DECLARATION,
     strict=True,
-    reason="harness/compare.py does not yet pass Implementation.activation_rounding to check()",
+    reason="harness/run/compare.py does not yet pass Implementation.activation_rounding to check()",
 )
 def test_compare_checks_and_times_ggml_on_the_edge_shapes():
     results = harness.compare(EDGE_SHAPES, ["ggml.mul_mat"], weights=list(FORMATS), min_time=0.002, baselines=False)

@@ -179,7 +179,7 @@ def test_a_wrong_result_is_told_apart_from_a_fault(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_steps as steps
 
-    from harness.core import Matmul
+    from harness.model.core import Matmul
 
     class Wrong:
         mode = "native"

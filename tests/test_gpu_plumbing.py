@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import verdicts
 from harness.backends.cuda import loaders, toolkit
+from harness.tooling import verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -200,11 +200,12 @@ def test_require_gpu_turns_gpu_skips_into_failures():
 
 @pytest.mark.parametrize("case", ["ok", "nan", "inf", "off"])
 def test_the_check_gives_one_verdict_in_numpy_and_torch(case):
-    """harness.gpu.DeviceProblem checks on the GPU with torch; the rule is the same code."""
+    """harness.backends.gpu.DeviceProblem checks on the GPU with torch; the rule is the same code."""
     torch = pytest.importorskip("torch")
     import numpy as np
 
-    from harness import checking, make_inputs
+    from harness import make_inputs
+    from harness.model import checking
 
     a, b = make_inputs("33x17x65", "float32", seed=5)
     data = checking.reference_data(a, b)
@@ -233,7 +234,7 @@ def test_the_check_gives_one_verdict_in_numpy_and_torch(case):
 def test_results_round_trip_through_json(tmp_path):
     """A comparison's JSON (a GPU run's, say) can be read back to print, plot and judge."""
     import harness
-    from harness.compare import Results
+    from harness.run.compare import Results
 
     results = harness.compare(["8x9x10"], "numpy.matmul", ["float32"], min_time=0.001)
     back = Results.from_json(results.to_json(tmp_path / "r.json"))
@@ -285,8 +286,8 @@ def test_every_cuda_technique_is_planned_from_its_own_source_and_every_source_is
 
 
 def test_a_launch_declaration_that_cannot_be_read_says_where(tmp_path, monkeypatch):
-    from harness import sources
     from harness.backends.cuda import plans
+    from harness.env import sources
 
     (tmp_path / "cuda").mkdir()
     (tmp_path / "cuda" / "one.cu").write_text(

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness.core import MatmulInputError
+from harness.model.core import MatmulInputError
 
 IMPLEMENTATIONS = ["c.naive_ijk", "c.naive_ikj", "c.blocked", "c.goto", "c.packed", "numpy.matmul", "python.ikj"]
 EXAMPLES = 150  # per test, in CI
@@ -62,7 +62,7 @@ def test_every_input_is_computed_right_or_refused_by_name(name, problem):
     try:
         result = harness.get(name)(a, b)
     except MatmulInputError as error:
-        assert a.dtype.name != b.dtype.name or a.dtype.name not in harness.registry.lookup(name).dtypes, error
+        assert a.dtype.name != b.dtype.name or a.dtype.name not in harness.model.registry.lookup(name).dtypes, error
         assert str(error)
     else:
         assert isinstance(result, np.ndarray) and type(result) is np.ndarray

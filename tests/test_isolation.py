@@ -1,5 +1,5 @@
 """A user's kernel cannot take the run down: it is checked and timed in a worker process, where
-a crash or a hang is a row and the run goes on (harness/isolation.py), and Ctrl-C stops any run
+a crash or a hang is a row and the run goes on (harness/run/isolation.py), and Ctrl-C stops any run
 at once. Through the public command line and API, as a user meets them."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import harness
-from harness.external import ExternalError
-from harness.registry import REGISTRY
+from harness.backends.external import ExternalError
+from harness.model.registry import REGISTRY
 
 HANG_MARGIN_S = 60  # a bound against a hang, not a speed: these machines are shared and noisy
 

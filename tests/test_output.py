@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import harness
-from harness.compare import Results, Row
-from harness.render import format_time
+from harness.run.compare import Results, Row
+from harness.run.render import format_time
 
 
 def rows() -> list[Row]:
@@ -145,8 +145,8 @@ def test_zero_sized_problems_with_gpu_rows_do_not_crash():
 
 
 def test_the_slow_refusal_names_seconds_not_zero_minutes():
-    from harness.core import MatmulInputError, check_problem
-    from harness.inputs import Shape
+    from harness.model.core import MatmulInputError, check_problem
+    from harness.model.inputs import Shape
 
     with pytest.raises(MatmulInputError, match=r"about \d+ seconds"):
         check_problem(harness.lookup("python.ijk"), Shape(512, 512, 1024), "float32")
@@ -155,7 +155,8 @@ def test_the_slow_refusal_names_seconds_not_zero_minutes():
 def test_a_c_compile_error_shows_the_compiler_error_and_the_log(tmp_path, monkeypatch):
     import shutil
 
-    from harness import clib, sources
+    from harness.backends.c import clib
+    from harness.env import sources
 
     root = tmp_path / "checkout"
     shutil.copytree(sources.sources_root() / "c", root / "c")
@@ -209,7 +210,7 @@ def test_every_experiment_says_how_long_and_what_it_found():
 def test_the_cpu_roof_is_measured_and_kept_at_its_best(tmp_path, monkeypatch):
     import json
 
-    from harness import machine
+    from harness.run import machine
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     machine.measured_fma_roofs.cache_clear()
@@ -222,8 +223,10 @@ def test_the_cpu_roof_is_measured_and_kept_at_its_best(tmp_path, monkeypatch):
     kept = json.loads((tmp_path / "matmul-reference" / "cpu-roofs.json").read_text())
     (key,) = kept
     # a better earlier measurement is kept, not lowered (while within what the machine allows)
-    best, bound = roofs["float32"]["best"], machine.roof_bound("float32")
-    better = round(min(best * 1.5, (best + bound) / 2), 2)
+    # (above any measurement, which cannot pass the clock x SIMD peak the bound is 1.25x of, so a
+    # busy machine measuring lower now and higher in a moment cannot overtake it)
+    bound = machine.roof_bound("float32")
+    better = round(bound * 0.9, 2)
     kept[key]["float32"]["best"] = better
     (tmp_path / "matmul-reference" / "cpu-roofs.json").write_text(json.dumps(kept))
     machine.measured_fma_roofs.cache_clear()
@@ -266,7 +269,7 @@ def test_benchmark_groups_and_summary_are_in_numeric_order():
 
 
 def test_ratios_far_below_one_still_say_something():
-    from harness.render import ratio_text
+    from harness.run.render import ratio_text
 
     assert ratio_text(1.034) == "1.03x" and ratio_text(0.35) == "0.35x" and ratio_text(0.1) == "0.10x"
     assert ratio_text(0.0323) == "1/31x" and ratio_text(1 / 312.4) == "1/312x"

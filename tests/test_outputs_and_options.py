@@ -188,7 +188,7 @@ def test_compare_takes_a_small_positive_min_time():
 
 # ---- refusals estimate from measured rates ---------------------------------------------------------
 def _measured_seconds(name: str, a, b) -> float:
-    from harness.core import Matmul
+    from harness.model.core import Matmul
 
     prepared = Matmul(harness.lookup(name), allow_slow=True).prepare(a, b)
     times = []

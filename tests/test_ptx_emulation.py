@@ -16,8 +16,8 @@ from code_edits import replace_code
 
 import harness
 from harness.backends.cuda import emulation, plans
-from harness.inputs import Shape
-from harness.sources import source_path
+from harness.env.sources import source_path
+from harness.model.inputs import Shape
 
 pytestmark = pytest.mark.skipif(
     emulation.emulation_unavailable_reason() is not None, reason=str(emulation.emulation_unavailable_reason())

@@ -25,8 +25,8 @@ from functools import lru_cache
 import pytest
 from code_edits import replace_code
 
-from harness import sass
-from harness.sources import source_path
+from harness.env.sources import source_path
+from harness.tooling import sass
 
 pytestmark = pytest.mark.skipif(sass.nvcc() is None, reason="nvcc not found on PATH")
 

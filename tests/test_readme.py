@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from harness.cli import implementation_table
-from harness.headline import END as HEADLINE_END
-from harness.headline import START as HEADLINE_START
-from harness.headline import headline_lines
-from harness.headline import table as headline_table
+from harness.tooling.headline import END as HEADLINE_END
+from harness.tooling.headline import START as HEADLINE_START
+from harness.tooling.headline import headline_lines
+from harness.tooling.headline import table as headline_table
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

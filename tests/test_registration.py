@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import harness
-from harness import registry
 from harness.backends import peers
+from harness.model import registry
 
 
 class _FunctionBackend(harness.Backend):
@@ -49,7 +49,7 @@ def clean_registry(monkeypatch):
     monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
     import sys
 
-    monkeypatch.setattr(sys.modules["harness.compare"], "REGISTRY", registry.REGISTRY)
+    monkeypatch.setattr(sys.modules["harness.run.compare"], "REGISTRY", registry.REGISTRY)
     return registry.REGISTRY
 
 
@@ -96,7 +96,7 @@ def test_the_peers_are_right_and_say_what_ran(name):
             a, b = harness.make_inputs(shape, dtype)
             result = harness.get(name, threads=1)(a, b)
             assert harness.check(result, a, b).passed, (name, shape, dtype)
-    from harness.registry import describe
+    from harness.model.registry import describe
 
     description = describe(impl)
     assert description and ("kernels" in description if name == "blis.gemm" else "PyTorch" in description)

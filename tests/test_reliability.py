@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import harness
-from harness import registry
-from harness.core import Implementation
+from harness.model import registry
+from harness.model.core import Implementation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,7 +126,7 @@ def test_the_reference_is_computed_before_the_first_row_runs(monkeypatch):
     # A writer that returns the product of the inputs it doubled would pass against a reference
     # computed afterwards from those inputs; it must be checked against the untouched ones.
     name = register_writer(monkeypatch, double_a_through_a_pointer)
-    compare_module = sys.modules["harness.compare"]  # (harness.compare is also the function)
+    compare_module = sys.modules["harness.run.compare"]  # (harness.compare is also the function)
     seen = []
     original = compare_module.reference_data
     monkeypatch.setattr(compare_module, "reference_data", lambda a, b: seen.append(a.copy()) or original(a, b))
@@ -168,8 +168,8 @@ SPELLINGS = [
 @pytest.mark.parametrize("value, meaning", SPELLINGS)
 def test_every_boolean_spelling_means_what_it_says(monkeypatch, value, meaning):
     from harness.backends.cuda import emulation
-    from harness.core import slow_allowed
-    from harness.switches import switch
+    from harness.env.switches import switch
+    from harness.model.core import slow_allowed
 
     for name in ("MATMUL_ALLOW_SLOW", "MATMUL_CUDA_EMULATE", "MATMUL_REQUIRE_GPU"):
         monkeypatch.setenv(name, value)
@@ -179,7 +179,7 @@ def test_every_boolean_spelling_means_what_it_says(monkeypatch, value, meaning):
 
 
 def test_allow_slow_false_refuses_what_it_would_allow(monkeypatch):
-    from harness.core import check_problem
+    from harness.model.core import check_problem
 
     monkeypatch.setenv("MATMUL_ALLOW_SLOW", "False")
     with pytest.raises(harness.MatmulInputError, match="too long"):
@@ -190,7 +190,7 @@ def test_allow_slow_false_refuses_what_it_would_allow(monkeypatch):
 
 @pytest.mark.parametrize("value", ["", "  "])
 def test_an_empty_switch_is_its_default(monkeypatch, value):
-    from harness.switches import switch
+    from harness.env.switches import switch
 
     monkeypatch.setenv("MATMUL_ALLOW_SLOW", value)
     assert switch("MATMUL_ALLOW_SLOW") is False and switch("MATMUL_ALLOW_SLOW", default=True) is True
@@ -198,7 +198,7 @@ def test_an_empty_switch_is_its_default(monkeypatch, value):
 
 @pytest.mark.parametrize("value", ["maybe", "2", "y", "enabled", "nope"])
 def test_a_switch_that_is_neither_yes_nor_no_is_a_clear_error(monkeypatch, value):
-    from harness.switches import SwitchError, switch
+    from harness.env.switches import SwitchError, switch
 
     monkeypatch.setenv("MATMUL_CUDA_EMULATE", value)
     with pytest.raises(SwitchError, match=f"MATMUL_CUDA_EMULATE='{value}' is neither yes nor no") as caught:
@@ -350,7 +350,7 @@ def test_an_implementation_this_machine_cannot_run_is_reported_not_failed(monkey
 
 
 def test_an_unusable_tmpdir_is_named_when_the_c_library_cannot_be_had(monkeypatch, tmp_path):
-    from harness import clib
+    from harness.backends.c import clib
 
     def build_fails():
         raise clib.CLibraryError("building the C library failed: cannot create temporary file\n(full log: x)")
@@ -370,11 +370,11 @@ def test_a_bad_seed_is_a_usage_error(capsys, seed):
 
 
 def test_more_threads_than_cores_is_a_usage_error(capsys):
-    from harness.backends.c import default_threads
+    from harness.env.cores import usable_cores
 
-    too_many = str(default_threads() + 1)
+    too_many = str(usable_cores() + 1)
     code, out, err = cli(capsys, "compare", "--shapes", "8", "--impls", "numpy.matmul", "--threads", too_many)
-    assert code == 2 and f"--threads {too_many}: this process may use {default_threads()} core(s)" in err
+    assert code == 2 and f"--threads {too_many}: this process may use {usable_cores()} core(s)" in err
     code, _, err = cli(capsys, "association", "--size", "8", "--threads", too_many)
     assert code == 2 and "--threads" in err
     code, _, err = cli(capsys, "compare", "--shapes", "8", "--impls", "numpy.matmul", "--threads", "-1")
@@ -396,7 +396,7 @@ def disk_full(monkeypatch, error=None):
     """A fake full disk: the flush to the disk at the end of every write fails, as a full disk does."""
     import errno
 
-    from harness import files
+    from harness.env import files
 
     def full(descriptor):
         raise error or OSError(errno.ENOSPC, "No space left on device")
@@ -445,7 +445,7 @@ def test_compare_on_a_full_disk_says_so_without_a_traceback(monkeypatch, tmp_pat
 
 def test_experiment_files_and_reports_are_written_whole(monkeypatch, tmp_path):
     from harness.experiments import EXPERIMENTS
-    from harness.report import write_report
+    from harness.tooling.report import write_report
 
     EXPERIMENTS["loads"].run(tmp_path, size=32, tiles=(4, 8))
     write_report(tmp_path)
@@ -531,7 +531,7 @@ def roof_cache(monkeypatch, tmp_path) -> Path:
     ],
 )
 def test_a_malformed_roof_cache_is_treated_as_absent_and_rewritten(roof_cache, text):
-    from harness import machine
+    from harness.run import machine
 
     roof_cache.parent.mkdir(parents=True)
     roof_cache.write_text(text, encoding="latin-1")
@@ -540,7 +540,7 @@ def test_a_malformed_roof_cache_is_treated_as_absent_and_rewritten(roof_cache, t
 
 
 def test_a_better_kept_roof_survives_and_other_machines_entries_are_kept(roof_cache):
-    from harness import machine
+    from harness.run import machine
 
     roof_cache.parent.mkdir(parents=True)
     other = {"another CPU | avx512f": {"float32": {"best": 250.0, "median": 240.0}}}
@@ -552,7 +552,7 @@ def test_a_better_kept_roof_survives_and_other_machines_entries_are_kept(roof_ca
 
 CONCURRENT_WRITER = """
 import sys
-from harness import machine
+from harness.run import machine
 me, rounds = int(sys.argv[1]), int(sys.argv[2])
 for round in range(1, rounds + 1):
     machine.remember_roofs(f"writer {me}", {"float32": {"best": float(round), "median": 1.0}})
@@ -603,7 +603,7 @@ def test_an_emulated_kernel_already_built_runs_without_taking_the_build_lock(mon
 
 @pytest.mark.parametrize("dangling", [False, True])
 def test_a_build_lock_never_follows_a_symlink(tmp_path, dangling):
-    from harness import clib
+    from harness.backends.c import clib
 
     victim = tmp_path / "victim.txt"
     if not dangling:
@@ -618,7 +618,7 @@ def test_a_build_lock_never_follows_a_symlink(tmp_path, dangling):
 
 
 def test_a_build_lock_is_taken_and_released(tmp_path):
-    from harness import clib
+    from harness.backends.c import clib
 
     with clib.interprocess_lock(tmp_path / "build"):
         assert (tmp_path / "build" / ".build.lock").is_file()
@@ -628,7 +628,7 @@ def test_a_build_lock_is_taken_and_released(tmp_path):
 
 # ---- budgets in seconds --------------------------------------------------------------------------
 def stand_in(name: str):
-    from harness.core import run_mode
+    from harness.model.core import run_mode
 
     impl = harness.lookup(name)
     reason = impl.unavailable_reason()
@@ -640,7 +640,7 @@ def stand_in(name: str):
 
 
 def test_a_stand_in_is_refused_by_its_time_not_its_flops(monkeypatch):
-    from harness.core import check_problem
+    from harness.model.core import check_problem
 
     monkeypatch.delenv("MATMUL_ALLOW_SLOW", raising=False)
     gemv, matmul = stand_in("triton.gemv"), stand_in("triton.matmul")
@@ -656,7 +656,7 @@ def test_a_stand_in_is_refused_by_its_time_not_its_flops(monkeypatch):
 
 
 def test_the_emulated_gemv_of_a_million_outputs_is_refused(monkeypatch):
-    from harness.core import check_problem
+    from harness.model.core import check_problem
 
     monkeypatch.setenv("MATMUL_CUDA_EMULATE", "1")
     monkeypatch.delenv("MATMUL_ALLOW_SLOW", raising=False)
@@ -667,7 +667,7 @@ def test_the_emulated_gemv_of_a_million_outputs_is_refused(monkeypatch):
 
 
 def test_the_overrides_still_lift_a_time_refusal(monkeypatch):
-    from harness.core import check_problem
+    from harness.model.core import check_problem
 
     gemv = stand_in("triton.gemv")
     wide = harness.parse_shape("1x1000000x1")

@@ -18,8 +18,8 @@ import pytest
 from code_edits import comment_lines, language_of
 from test_mutants import mutants  # its file list, and its BOOTSTRAP (the copy's harness imported)
 
-from harness import sources
 from harness.backends.cuda.plans import FIELDS
+from harness.env import sources
 
 ROOT = Path(__file__).resolve().parents[1]
 INNER_RUN = "MATMUL_REWORDED_RUN"  # set in the copy's runs, so this file does not run itself there

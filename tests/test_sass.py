@@ -3,7 +3,7 @@
 A kernel can be correct and still miss the point of its technique: float4 loads that the
 compiler splits into scalar ones, WMMA fragments that do not load with ldmatrix, registers that
 spill to local memory. nvcc (for cuda/) and Triton's ptxas (for triton/) compile for sm_90 and
-sm_80 on any machine, and ``cuobjdump -sass`` shows what came out (harness/sass.py).
+sm_80 on any machine, and ``cuobjdump -sass`` shows what came out (harness/tooling/sass.py).
 
 Opcodes are matched on their base and modifiers in any order (``LDG`` with ``128`` matches
 ``LDG.E.128`` and ``LDG.E.128.CONSTANT``), so a compiler that spells a load differently does
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import triton_aot
 
-from harness import sass
 from harness.backends.cuda import resources, toolkit
-from harness.sources import source_path
+from harness.env.sources import source_path
+from harness.tooling import sass
 
 CUDA_SOURCES = toolkit.cuda_sources()
 ARCHS = ("sm_80", "sm_90")

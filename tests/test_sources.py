@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from harness import clib, sources
+from harness.backends.c import clib
+from harness.env import sources
 
 
 def test_python_source_reloads_after_an_edit(tmp_path, monkeypatch):
@@ -24,9 +25,9 @@ def test_python_source_reloads_after_an_edit(tmp_path, monkeypatch):
 
 def _fake_checkout(root):
     (root / "c").mkdir()
-    (root / "harness").mkdir()
+    (root / clib.CALL_GLUE_SOURCE).parent.mkdir(parents=True)
     (root / "CMakeLists.txt").write_text("")
-    (root / "harness" / "call_glue.py").write_text("")  # generates the call glue the build compiles
+    (root / clib.CALL_GLUE_SOURCE).write_text("")  # generates the call glue the build compiles
     (root / "c" / "kernel.c").write_text("int kernel;\n")
     return root / "libmatmul.so"
 
@@ -38,7 +39,7 @@ def test_c_library_is_stale_when_a_source_changes(tmp_path):
     assert clib._is_stale(library, tmp_path)  # no stamp: a build that never finished
     clib.write_stamp(library, tmp_path)
     assert not clib._is_stale(library, tmp_path)
-    for edited in (tmp_path / "c" / "kernel.c", tmp_path / "harness" / "call_glue.py", tmp_path / "CMakeLists.txt"):
+    for edited in (tmp_path / "c" / "kernel.c", tmp_path / clib.CALL_GLUE_SOURCE, tmp_path / "CMakeLists.txt"):
         before = edited.read_text()
         edited.write_text(before + "/* edited */\n")
         assert clib._is_stale(library, tmp_path), edited
@@ -125,7 +126,7 @@ def _c_folder(tmp_path, files: dict[str, str]):
 
 
 def test_a_file_that_includes_real_h_exports_each_marked_function_once_per_type(tmp_path):
-    from harness import call_glue
+    from harness.backends.c import call_glue
 
     folder = _c_folder(
         tmp_path,
@@ -153,7 +154,7 @@ def test_a_file_that_includes_real_h_exports_each_marked_function_once_per_type(
 
 
 def test_a_function_marked_in_two_files_is_a_clear_error(tmp_path, monkeypatch):
-    from harness import call_glue
+    from harness.backends.c import call_glue
 
     folder = _c_folder(
         tmp_path,
@@ -172,7 +173,7 @@ def test_a_function_marked_in_two_files_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_a_mark_that_is_not_a_plain_declaration_is_refused_with_its_line(tmp_path):
-    from harness import call_glue
+    from harness.backends.c import call_glue
 
     folder = _c_folder(tmp_path, {"odd.c": "\n\nMATMUL_API static inline NOT A DECLARATION;\n"})
     with pytest.raises(call_glue.DeclarationError, match=r"c/odd.c:3: MATMUL_API must be followed"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import harness
-from harness.sources import load_python_source
+from harness.env.sources import load_python_source
 
 tiling = load_python_source("python/tiling.py")
 

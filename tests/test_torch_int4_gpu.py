@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import harness
-from harness import quant
 from harness.backends.torch_int4 import int4_operands
-from harness.checking import check
+from harness.model import quant
+from harness.model.checking import check
 
 
 def test_q4_0_is_int4_with_its_scales_and_zero_points_zero():
@@ -43,7 +43,7 @@ def test_its_roundings_pass_the_bf16_model_and_not_the_float32_one():
 def test_it_is_a_gpu_peer_of_q4_0_only_and_refuses_what_its_layout_cannot_hold():
     impl = harness.lookup("torch.int4_gpu")
     assert impl.peer and impl.device == "gpu" and impl.weights == ("q4_0",) and impl.activation_rounding == "bf16"
-    from harness.inputs import Shape
+    from harness.model.inputs import Shape
 
     assert impl.backend.shape_problem(impl, Shape(1, 12, 64))
     assert impl.backend.shape_problem(impl, Shape(1, 16, 96))

@@ -21,8 +21,9 @@ import pytest
 import triton_aot
 from code_edits import replace_code
 
-from harness import MatmulInputError, check, make_inputs, sass
+from harness import MatmulInputError, check, make_inputs
 from harness.backends import triton_kernels
+from harness.tooling import sass
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE, REASON = triton_kernels.setup()
@@ -405,7 +406,7 @@ def _mutated_matmul(tmp_path, old: str, new: str):
     """triton/matmul.py with one edit, loaded from a file of its own (Triton reads the source)."""
     import importlib.util
 
-    text = harness.sources.source_path("triton/matmul.py").read_text()
+    text = harness.env.sources.source_path("triton/matmul.py").read_text()
     path = tmp_path / f"matmul_mutant_{abs(hash(new))}.py"
     path.write_text(replace_code(text, old, new, language="python", count=None))
     spec = importlib.util.spec_from_file_location(path.stem, path)

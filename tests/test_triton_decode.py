@@ -1,22 +1,26 @@
 """triton.decode (triton/decode.py) on Triton's interpreter: Y = X W^T with W in q8_0, q4_0 or
-bf16, checked against the float64 product of X and the weights the format holds; the layout it
-reads; and its SASS for sm_90: 16-byte loads of W for M = 1, no spills in any config it keeps."""
+bf16, checked against the float64 product of X and the weights the format holds (K = 544: a
+partial last step); the layout it reads; and, compiled ahead of time for sm_90 (slow): at M = 1
+64 bytes of W per thread per step, pipelined by the loop's own stages, each block reduced in
+the loop, no layout change through shared memory; no spills in any config it keeps."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import numpy as np
 import pytest
 
 import harness
-from harness import quant, sass
-from harness.checking import check
+from harness.model import quant
+from harness.model.checking import check
+from harness.tooling import sass
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 
 FORMATS = ["q8_0", "q4_0", "bf16"]
-EDGE_K = [32, 64, 96, 4128]
+EDGE_K = [32, 64, 96, 544, 4128]  # 544: 17 blocks, a partial last step
 EDGE_N = [1, 7, 33]
 EDGE_M = [1, 2, 3, 5, 16, 17]  # 17: a second pass of 16 rows (the interpreter's budget: not every M)
 BF16_K = [1, 31, 33]
@@ -105,24 +109,79 @@ def _sass(compiled):
     return triton_sass(compiled)
 
 
+def _module():
+    return harness.backends.triton_kernels.load_source("triton/decode.py")
+
+
+def _main_loop(instructions: list[str]) -> list[str]:
+    """The longest loop (from a backward branch's target to the branch: instruction i is at
+    address 16 i), decode_kernel's loop over steps of blocks."""
+    from test_cuda_decode_sass import loops
+
+    head, branch = max(loops(instructions), key=lambda loop: loop[1] - loop[0])
+    return instructions[head : branch + 1]
+
+
+def _loop_carried_types(ttgir: str) -> list[str]:
+    """The types of the scf.for loops' loop-carried values in Triton's GPU dialect."""
+    return re.findall(r"scf\.for .*?iter_args\(.*?\) -> \((.*?)\)\s", ttgir)
+
+
+def test_the_m1_configs_hold_64_bytes_of_w_per_thread_in_one_layout():
+    module = _module()
+    for fmt in FORMATS:
+        first = module.CONFIGS[fmt][0]
+        assert module.w_bytes_per_thread(fmt, first) >= 64, (fmt, first)
+        assert first.kwargs["STAGES"] > 1, (fmt, first)  # the first config pipelines
+        assert all(module.one_layout(config) for config in module.CONFIGS[fmt]), fmt
+
+
 @pytest.mark.slow  # ahead-of-time compiles
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_the_gemv_configs_read_w_in_16_byte_loads(fmt):
-    """M = 1, the bandwidth-bound case: the first config (the one a small K starts from)."""
+def test_the_m1_loop_keeps_w_in_its_load_layout_and_reduces_each_block(fmt):
+    """decode_kernel (M = 1) compiled for sm_90 with its first config: the dequantized tile never
+    goes through shared memory to change layout (no STS in the loop: a layout change through
+    shared memory stores registers there; the pipeline's copies are LDGSTS, global to shared
+    without registers), each block is reduced in the loop (the loop carries BLOCK_N x BLOCK_B
+    sums, not a step-wide tile), x comes in 16-byte pieces, nothing spills."""
+    module = _module()
+    config = module.CONFIGS[fmt][0]
     (compiled,) = _compiled(("decode", fmt, 90, 0))
     instructions = _sass(compiled)
-    assert sass.find(instructions, "LDG", "128"), f"Triton {compiled.name}: no LDG.128"
-    assert not sass.spills(instructions), f"Triton {compiled.name}: spills"
+    loop = _main_loop(instructions)
+    where = f"Triton {compiled.name} on sm_90"
+    assert not sass.find(loop, "STS"), f"{where}: STS in the loop\n{sass.excerpt(loop, sass.find(loop, 'STS'))}"
+    assert sass.find(loop, "LDGSTS", "128"), f"{where}: x is not copied in 16-byte pieces: {sass.opcodes(loop)}"
+    assert not sass.spills(instructions), f"{where}: spills"
+    block_n, block_b = config.kwargs["BLOCK_N"], config.kwargs["BLOCK_B"]
+    carried = _loop_carried_types(compiled.ttgir)
+    assert carried and all(f"tensor<1x{block_n}x{block_b}x1xf32" in types for types in carried), carried
+    assert sass.find(loop, "FFMA") and not sass.find(loop, "I2F"), f"{where}: {sass.opcodes(loop)}"
+
+
+@pytest.mark.slow
+def test_the_m1_loop_is_pipelined_by_its_own_stages_not_the_kernels():
+    """Triton pipelines a loop without tl.dot only when the loop asks (tl.range(num_stages=...)):
+    decode_kernel's STAGES = 3 copies W and x ahead with cp.async (LDGSTS, waited on with
+    DEPBAR), STAGES = 1 loads into registers, and the kernel-wide num_stages changes nothing."""
+    piped, plain, plain_four = _compiled(
+        ("decode", "q4_0", 90, 0), ("decode", "q4_0", 90, 1, 1), ("decode", "q4_0", 90, 1, 4)
+    )
+    assert piped.config["STAGES"] == 3 and plain.config["STAGES"] == 1
+    assert sass.find(_main_loop(_sass(piped)), "LDGSTS") and sass.find(_main_loop(_sass(piped)), "DEPBAR")
+    assert not sass.find(_sass(plain), "LDGSTS")
+    assert _sass(plain) == _sass(plain_four), "the kernel-wide num_stages now changes decode_kernel: revisit STAGES"
 
 
 @pytest.mark.slow
 def test_every_config_kept_for_its_rows_of_x_does_not_spill():
-    module = harness.backends.triton_kernels.load_source("triton/decode.py")
-    requests = [
-        ("decode", fmt + ("" if m == 1 else f"/m{m}"), 90, i)
+    module = _module()
+    requests = [("decode", fmt, 90, "every") for fmt in FORMATS]
+    requests += [
+        ("decode", f"{fmt}/m{m}", 90, i)
         for fmt in FORMATS
-        for m in (1, 4, 16)
-        for i, config in enumerate(module.CONFIGS)
+        for m in (2, 4, 16)
+        for i, config in enumerate(module.ROWS_CONFIGS)
         if module.fits(config, m)
     ]
     for compiled in _compiled(*requests):

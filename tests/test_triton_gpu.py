@@ -25,7 +25,7 @@ if REASON or MODE != "native":
 
 import torch  # noqa: E402
 
-from harness.switches import switch  # noqa: E402
+from harness.env.switches import switch  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -113,3 +113,32 @@ def test_compare_times_native_tma_rows():
     results = harness.compare(["1024"], "triton.matmul_tma", ["bfloat16"], baselines=False, min_time=0.05)
     row = results.row("triton.matmul_tma", "1024", "bfloat16")
     assert row.passed and row.mode == "native" and row.median_s and row.gflops, row
+
+
+# triton.decode with one config per kernel (the GPU script's correctness step checks the autotuned
+# path through the comparison): the first M = 1 config of each format (64 bytes of W per thread,
+# pipelined), its unpipelined twin, and a decode_rows_kernel config that holds 16 rows of X.
+# K = 96: one partial step; 544: 17 blocks, a partial last step; 4128: a step of one block at
+# the end; 4096: whole steps only. 17 rows: a second pass of 16.
+DECODE_SHAPES = [f"{m}x{n}x{k}" for m in (1, 3, 17) for n, k in [(1, 32), (7, 96), (65, 544), (33, 4128), (4096, 4096)]]
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16"])
+@pytest.mark.parametrize("m1_config", [0, 1])
+def test_decode_native_at_the_edge_shapes_with_fixed_configs(fmt, m1_config):
+    from harness.model.quant import quantize
+
+    module = triton_kernels.load_source("triton/decode.py")
+    m1 = module.CONFIGS[fmt][m1_config]
+    rows = next(config for config in module.ROWS_CONFIGS if module.fits(config, module.MAX_M))
+    for shape in DECODE_SHAPES:
+        x, b = make_inputs(shape, "float32", seed=7)
+        w = quantize(np.ascontiguousarray(b.T), fmt)
+        scales, quants = module.pack(fmt, w.n, w.k, torch.from_numpy(w.data.copy()))
+        scales = scales.cuda() if scales is not None else None
+        chosen = m1 if x.shape[0] == 1 else rows
+        config = {**chosen.kwargs, "num_warps": chosen.num_warps}
+        y = module.decode(torch.from_numpy(x).cuda(), fmt, scales, quants.cuda(), config=config)
+        torch.cuda.synchronize()
+        outcome = check(y.cpu().numpy(), x, w.dequantize().T)
+        assert outcome.passed, f"triton.decode {fmt} at {shape} with {config}: {outcome.message}"

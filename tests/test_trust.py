@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import harness
-from harness import checking, clib
-from harness.core import MatmulInputError, ResultError
+from harness.backends.c import clib
+from harness.model import checking
+from harness.model.core import MatmulInputError, ResultError
 
 ROOT = Path(__file__).resolve().parents[1]
 C_KERNELS = [impl.name for impl in harness.implementations("c.*") if not impl.weights]
@@ -89,9 +90,9 @@ def test_decode_kernels_get_big_endian_and_misaligned_activations_converted(name
 
 
 def test_a_result_of_the_wrong_dtype_is_a_bug_not_an_answer(monkeypatch):
-    impl = harness.registry.lookup("numpy.matmul")
+    impl = harness.model.registry.lookup("numpy.matmul")
 
-    class Wrong:
+    class Wrong(harness.Prepared):
         mode = "native"
 
         def run(self):
@@ -262,7 +263,7 @@ def library():
     clib.load()  # built and current
     path = clib.checkout_build_dir() / clib._library_filename()
     yield path
-    if clib._is_stale(path, harness.sources.sources_root()):
+    if clib._is_stale(path, harness.env.sources.sources_root()):
         clib.build_in_checkout()
 
 
@@ -272,7 +273,7 @@ def test_a_library_truncated_by_a_killed_link_is_rebuilt(library):
     empty = library.with_name("truncated.tmp")
     empty.write_bytes(b"")
     os.replace(empty, library)
-    assert clib._is_stale(library, harness.sources.sources_root())
+    assert clib._is_stale(library, harness.env.sources.sources_root())
     assert clib.library_path().stat().st_size > 0
 
 
@@ -326,9 +327,9 @@ def test_json_is_strict_when_a_row_fails(tmp_path):
 
 def test_threads_zero_records_the_threads_used():
     results = harness.compare(["64"], ["c.packed", "numpy.matmul"], ["float32"], threads=None, min_time=0.001)
-    from harness.backends.c import default_threads
+    from harness.env.cores import usable_cores
 
-    assert results.row("c.packed", "64").threads == default_threads()
+    assert results.row("c.packed", "64").threads == usable_cores()
     assert results.row("numpy.matmul", "64").threads >= 1
 
 

@@ -47,12 +47,12 @@ def test_wheel_install_finds_every_source(tmp_path):
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MATMUL_C_LIBRARY")}
     probe = (
-        "import json, harness, harness.sources as s\n"
+        "import json, harness, harness.env.sources as s\n"
         "print(json.dumps({'package': str(s.PACKAGE_DIR), 'checkout': s.in_checkout(),\n"
         "  'missing': [i.source for i in harness.implementations() if i.source and not "
         "s.source_path(i.source).is_file()],\n"
         "  'sources': [i.source for i in harness.implementations() if i.source],\n"
-        "  'call_mode': harness.clib.call_mode(), 'build_isa': harness.clib.build_isa()}))\n"
+        "  'call_mode': harness.backends.c.clib.call_mode(), 'build_isa': harness.backends.c.clib.build_isa()}))\n"
     )
     info = json.loads(_run([str(python), "-c", probe], cwd=elsewhere, env=env).stdout)
     assert Path(info["package"]).is_relative_to(site), info

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import harness
-from harness.core import MatmulInputError, check_problem
-from harness.inputs import Shape, numpy_dtype
+from harness.model.core import MatmulInputError, check_problem
+from harness.model.inputs import Shape, numpy_dtype
 
 EXAMPLES = {
     "2x2": ([[1, 2], [3, 4]], [[5, 6], [7, 8]], [[19, 22], [43, 50]]),

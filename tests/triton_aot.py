@@ -14,8 +14,8 @@ A request names a kernel, a dtype, an architecture and which configs:
     ("matmul", "bf16", 90, 2)         the architecture's list's config 2, kept or not
     ("gemv", "bf16", 90, 2)           CONFIGS[2]
     ("gemv", "bf16", 90, 0, 4)        CONFIGS[0] with num_stages = 4
-    ("decode", "q4_0", 90, "first")   triton/decode.py's CONFIGS[0] for q4_0 weights, M = 1
-    ("decode", "q8_0/m16", 90, 2)     CONFIGS[2], 16 rows of X
+    ("decode", "q4_0", 90, "first")   triton/decode.py's decode_kernel (M = 1), CONFIGS["q4_0"][0]
+    ("decode", "q8_0/m16", 90, 2)     its decode_rows_kernel, ROWS_CONFIGS[2], 16 rows of X
     ("matmul_tma", "bf16", 90, "every")  every Hopper config of triton/matmul_tma.py that fits
                                       SHARED_MEMORY; an index picks one of HOPPER_CONFIGS
 """
@@ -69,6 +69,7 @@ KERNELS = {
     "matmul_tma": (tma.matmul_tma_kernel, [], ["M", "N", "K"], {"NUM_PROGRAMS": 132, "UPCAST": False}),
     # dtype: the weight format, optionally with the rows of X, "q4_0/m16"; pointers typed in build()
     "decode": (dc.decode_kernel, ["x_ptr", "s_ptr", "q_ptr", "y_ptr"], ["K"], {}),
+    "decode_rows": (dc.decode_rows_kernel, ["x_ptr", "s_ptr", "q_ptr", "y_ptr"], ["K"], {}),
 }
 DECODE_POINTERS = {"q4_0": ("*fp16", "*u8"), "q8_0": ("*fp16", "*i8"), "bf16": ("*bf16", "*bf16")}
 
@@ -82,7 +83,8 @@ def configs(kernel, dtype, sm, which):
     if kernel == "gemv":
         kept = gv.CONFIGS
     elif kernel == "decode":
-        kept = dc.CONFIGS
+        fmt, _, rows = dtype.partition("/m")
+        kept = dc.ROWS_CONFIGS if rows else dc.CONFIGS[fmt]
         if isinstance(which, int):
             return [kept[which]]
     elif kernel == "matmul_tma":
@@ -99,7 +101,7 @@ def configs(kernel, dtype, sm, which):
     return kept if which == "every" else [kept[0 if which == "first" else which]]
 
 def build(kernel, dtype, sm, config, stages):
-    fn, pointers, divisible, constants = KERNELS[kernel]
+    fn, pointers, divisible, constants = KERNELS["decode_rows" if kernel == "decode" and "/m" in dtype else kernel]
     constants = dict(constants, **config.kwargs)
     if kernel == "matmul":
         constants["INPUT_PRECISION"] = "ieee" if dtype == "fp32" else "tf32"
@@ -107,7 +109,7 @@ def build(kernel, dtype, sm, config, stages):
     signature.update({arg: "*" + dtype for arg in pointers})
     if kernel == "decode":
         fmt, _, rows = dtype.partition("/m")
-        constants.update(FORMAT=dc._FORMAT_CODE[fmt], BLOCK_M=int(rows or 1))
+        constants.update(FORMAT=dc._FORMAT_CODE[fmt], **({"BLOCK_M": int(rows)} if rows else {}))
         scales, quants = DECODE_POINTERS[fmt]
         signature.update(x_ptr="*fp32", s_ptr=scales, q_ptr=quants, y_ptr="*fp32")
     if kernel == "matmul_tma":
@@ -127,9 +129,10 @@ def build(kernel, dtype, sm, config, stages):
     tile = "x".join(str(value) for key, value in kw.items() if key.startswith("BLOCK_"))  # MxNxK or NxK
     tile += " subtiled" if kw.get("EPILOGUE_SUBTILE") else ""
     tile += " unflattened" if kw.get("FLATTEN") is False else ""
+    tile += f" STAGES={kw['STAGES']}" if "STAGES" in kw else ""  # decode_kernel's own pipeline depth
     return {"name": f"{kernel} {dtype} {tile} warps={config.num_warps} stages={stages}", "kernel": kernel,
             "dtype": dtype, "sm": sm, "config": kw, "warps": config.num_warps, "stages": stages,
-            "shared": compiled.metadata.shared, "ptx": compiled.asm["ptx"],
+            "shared": compiled.metadata.shared, "ptx": compiled.asm["ptx"], "ttgir": compiled.asm["ttgir"],
             "cubin": base64.b64encode(compiled.asm["cubin"]).decode()}
 
 results = []
@@ -151,6 +154,7 @@ class Compiled:
     stages: int
     shared: int  # bytes of shared memory the compiled kernel uses
     ptx: str
+    ttgir: str  # Triton's GPU dialect, layouts and all (where a layout conversion shows)
     cubin: bytes
 
     @property

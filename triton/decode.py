@@ -1,25 +1,48 @@
 """Batched decode in Triton: Y [M, N] = X [M, K] @ W^T with W [N, K] in ggml's q8_0, q4_0 or bf16.
 
 X is float32 (M = 1..16 rows per pass over W; more rows are further passes), W is stored as
-in GGUF (see the layouts below), Y is float32. The weights are dequantized in registers,
-exactly (an fp16 scale times an integer of at most 8 bits is a float32), and every product
-accumulates in FP32, so only the float32 sums round.
+in GGUF (see the layouts below), Y is float32. The weights become exact float32 values in
+registers and every product accumulates in FP32, so only the float32 sums round.
 
-What it is, and what it changes from gemv.py
---------------------------------------------
-The same streaming GEMV, with fewer bytes per weight, and several activation rows:
+M = 1: ``decode_kernel``, the streaming GEMV
+---------------------------------------------
+Each program reads BLOCK_N rows of W, BLOCK_B blocks of 32 weights of each per step, and the
+same BLOCK_B blocks of x. It is bound by how much of W it keeps in flight and by the
+instructions per block, and it was written against both:
 
-- each program reads BLOCK_N rows of W, BLOCK_B blocks of 32 weights of each per step: the
-  quants as [BLOCK_N, BLOCK_B, 16 or 32] bytes, contiguous along the last axis (16-byte
-  vector loads), and their scales as one [BLOCK_N, BLOCK_B] fp16 load;
-- the quants are widened to float32 and scaled (q4_0: ``d * (nibble - 8)``, low nibbles are
-  weights 0..15 of the block, high nibbles 16..31; q8_0: ``d * q``; bf16: the top half of a
-  float32) and multiplied into every one of the BLOCK_M rows of X: an FP32 accumulator
-  [BLOCK_M, BLOCK_N, step] summed along K once, after the loop, as gemv.py does; a block of W
-  is loaded once and used for all M rows. (Not tl.dot: in FP32 without TF32 it is FMAs over
-  tiles of at least 16 rows, staged in shared memory, and it spilled at every tile tried.)
+- 64 bytes of W per thread per step (4 rows of q4_0, 2 of q8_0, 1 of bf16 in the first
+  configs), where the first version held 16, and the loads of a step issued ahead: the loop is
+  ``tl.range(..., num_stages=STAGES)``, which Triton pipelines (cp.async copies STAGES - 1
+  steps ahead into shared memory) even though there is no tl.dot; a kernel-wide num_stages
+  alone does not, without a dot (tests/test_triton_decode.py shows both);
+- every tile in one layout: a block is WORDS x 4 elements (q4_0: 4 words of 4 bytes, 8
+  weights each, the low nibble of byte 4 w + k is weight 4 w + k and the high one weight
+  4 w + k + 16; q8_0: 8 words of 4 int8; bf16: 8 groups of 4), and x's 32 floats likewise, 4
+  per thread along the last axis, so the quants and x load in the same layout (Triton
+  vectorizes a load along its last axis: 4 bytes of quants, 16 of x). Tiles are [WORDS,
+  BLOCK_N, BLOCK_B, 4] with the blocks on the 32 threads of a warp and the warps (BLOCK_B =
+  32 x num_warps x r): each thread holds whole blocks, and the dequantized tile never changes
+  layout (the first version's reshape moved it through shared memory every step);
+- each block reduced in the loop, in the thread that loaded it, and scaled once: d * sum(q x)
+  per block (the same kind of roundings as sum((d q) x), one more per block), into a
+  [BLOCK_N, BLOCK_B] accumulator; one cross-thread sum after the loop;
+- no int-to-float conversions: the magic-number trick, (q | 0x4B000000) as a float is 2^23 + q
+  and one subtraction leaves q (q4_0's high nibble masked in place, 16 n, under 2^19: 2^19 + n);
+- steps without masks: rows past N are read as row N - 1 (never stored), and only the last,
+  partial step of blocks is masked.
 
-The layout the kernel reads (``pack``)
+M >= 2: ``decode_rows_kernel``
+------------------------------
+Each program reads BLOCK_N rows of W, BLOCK_B blocks of each per step, dequantizes them and
+multiplies them into every one of the BLOCK_M rows of X: an FP32 accumulator [BLOCK_M, BLOCK_N,
+step] summed along K once, after the loop; a block of W is loaded once and used for all M rows.
+A thread holding whole blocks, as at M = 1, would hold 32 floats of x per row of X (512 for 16
+rows: they spill), so the tiles here are small and the layout changes go through shared
+memory; for M of 8 and more the FP32 multiply-adds (M * 32 per 18-byte q4_0 block), not the
+bytes, are the limit. (Not tl.dot: in FP32 without TF32 it is FMAs over tiles of at least 16
+rows, staged in shared memory, and it spilled at every tile tried.)
+
+The layout the kernels read (``pack``)
 --------------------------------------
 ggml's q4_0 / q8_0 blocks are 18 / 34 bytes (fp16 scale, then the quants), so their quants
 are never 16-byte aligned and a row of W is only for K a multiple of 256. ``pack`` makes, once
@@ -28,21 +51,17 @@ and outside the timed region, the layout a GPU kernel wants from the same bytes:
 two tensors. bf16 is ggml's own layout, [N, K] bfloat16, masked along K. cuda/decode.cu reads
 the same split.
 
-Pseudo-code of one program
---------------------------
+Pseudo-code of one M = 1 program
+--------------------------------
     rows = program_id * BLOCK_N + [0, BLOCK_N)
-    acc = zeros[BLOCK_M, BLOCK_N, BLOCK_B * 32] in FP32
-    for b in range(0, K / 32, BLOCK_B):
-        w = dequantize(quants[rows, b:b+BLOCK_B], scales[rows, b:b+BLOCK_B])   # [BLOCK_N, BLOCK_B * 32]
-        acc += w[None, :, :] * X[:, 32 b : 32 (b + BLOCK_B)][:, None, :]
-    Y[:, rows] = sum(acc, along K)
+    acc = zeros[BLOCK_N, BLOCK_B] in FP32
+    for b in range(0, K / 32, BLOCK_B):                      # pipelined, STAGES deep
+        q = quants[rows, b:b+BLOCK_B]                          # [BLOCK_N, BLOCK_B, 32] weights
+        acc += scales[rows, b:b+BLOCK_B] * sum(q * x[b:b+BLOCK_B], along the block)
+    y[rows] = sum(acc, along the blocks)
 
 Caveats
 -------
-- For M of 8 and more the FP32 multiply-adds, not the bytes, are the limit (M * 32 per
-  18-byte q4_0 block); tl.dot on int8 (X quantized, as llama.cpp does) would be the next
-  step, with another error model. For M of 4 and more the tiles that fit the accumulator
-  load fewer than 16 bytes of W per thread.
 - Under ``TRITON_INTERPRET=1`` one small config runs instead of autotuning.
 - Offsets are 32-bit: W or X spanning 2**31 elements or more is refused.
 """
@@ -57,7 +76,71 @@ MAX_M = 16  # rows of X per pass over W
 
 
 @triton.jit
+def _gemv_step(acc, x_ptr, s_ptr, q_ptr, step, w, n, b, k, K, blocks, FORMAT: tl.constexpr, BLOCK_B: tl.constexpr,
+               WORDS: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """acc [1, BLOCK_N, BLOCK_B, 1] plus one step of BLOCK_B blocks (only the last step is MASKED)."""
+    block = step * BLOCK_B + b
+    col = block * 32 + w * 4 + k  # [WORDS, 1, BLOCK_B, 4]: the column of K of each weight
+    zero = 0 if MASKED else None  # what a masked-off element loads as
+    if FORMAT == 2:  # bf16: W [N, K] itself, masked along K (K need not be a multiple of 32)
+        ok = col < K if MASKED else None
+        wk = tl.load(q_ptr + n * K + col, mask=ok, other=zero, eviction_policy="evict_first").to(tl.float32)
+        x = tl.load(x_ptr + col, mask=ok, other=zero)
+        return acc + tl.sum(tl.sum(wk * x, axis=3, keep_dims=True), axis=0, keep_dims=True)
+    ok = block < blocks if MASKED else None
+    d = tl.load(s_ptr + n * blocks + block, mask=ok, other=zero, eviction_policy="evict_first").to(tl.float32)
+    # The block's quants as WORDS x 4 bytes (a 4-byte load each: Triton vectorizes along the last
+    # axis, which has the 4 bytes of quants and the 4 floats of x that a thread multiplies)
+    q = tl.load(
+        q_ptr + (n * blocks + block) * (WORDS * 4) + w * 4 + k, mask=ok, other=zero, eviction_policy="evict_first"
+    )
+    if FORMAT == 1:  # byte 4 w + k: weight 4 w + k in its low nibble, weight 4 w + k + 16 in its high one
+        lo = ((q & 15).to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0  # 2^23 + n - (2^23 + 8)
+        hi = ((q & 0xF0).to(tl.int32) | 0x49000000).to(tl.float32, bitcast=True) - 524296.0  # 2^19 + n - (2^19 + 8)
+        x_lo = tl.load(x_ptr + col, mask=ok, other=zero)
+        x_hi = tl.load(x_ptr + col + 16, mask=ok, other=zero)
+        products = lo * x_lo + hi * x_hi
+    else:  # q8_0: q + 128 is 0..255, under 2^23
+        wk = ((q.to(tl.int32) + 128) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+        products = wk * tl.load(x_ptr + col, mask=ok, other=zero)
+    return acc + d * tl.sum(tl.sum(products, axis=3, keep_dims=True), axis=0, keep_dims=True)
+
+
+@triton.jit
 def decode_kernel(
+    x_ptr,
+    s_ptr,
+    q_ptr,
+    y_ptr,
+    N,
+    K,
+    FORMAT: tl.constexpr,  # 0 q8_0, 1 q4_0, 2 bf16
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """y [N] = W x for one row x [K]; one program per BLOCK_N rows of W."""
+    pid = tl.program_id(axis=0)
+    WORDS: tl.constexpr = 4 if FORMAT == 1 else 8  # 4-element groups of a block of 32 weights
+    # [WORDS, BLOCK_N, BLOCK_B, 4]: a block's groups, rows of W, blocks, a group's elements
+    w = tl.arange(0, WORDS)[:, None, None, None]
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = tl.minimum(rows, N - 1)[None, :, None, None]  # rows past N: row N - 1 again, never stored
+    b = tl.arange(0, BLOCK_B)[None, None, :, None]
+    k = tl.arange(0, 4)[None, None, None, :]
+    blocks = tl.cdiv(K, 32)
+    whole = (K // 32) // BLOCK_B  # steps of BLOCK_B whole blocks, no mask
+    acc = tl.zeros((1, BLOCK_N, BLOCK_B, 1), dtype=tl.float32)
+    for step in tl.range(0, whole, num_stages=STAGES):
+        acc = _gemv_step(acc, x_ptr, s_ptr, q_ptr, step, w, n, b, k, K, blocks, FORMAT, BLOCK_B, WORDS, False)
+    if whole * BLOCK_B < blocks:
+        acc = _gemv_step(acc, x_ptr, s_ptr, q_ptr, whole, w, n, b, k, K, blocks, FORMAT, BLOCK_B, WORDS, True)
+    y = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_B)), axis=1)  # the only cross-thread sum, once per program
+    tl.store(y_ptr + rows, y, mask=rows < N)
+
+
+@triton.jit
+def decode_rows_kernel(
     x_ptr,
     s_ptr,
     q_ptr,
@@ -70,7 +153,7 @@ def decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
 ):
-    """Y [M, N] = X [M, K] @ W^T; one program per BLOCK_N rows of W, all M (<= BLOCK_M) rows of X."""
+    """Y [M, N] = X [M, K] @ W^T for M >= 2; one program per BLOCK_N rows of W, all M (<= BLOCK_M) rows of X."""
     pid = tl.program_id(axis=0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -134,35 +217,79 @@ def decode_kernel(
 INTERPRETED = type(decode_kernel).__name__ == "InterpretedFunction"
 
 
-def _config(block_n, block_b, warps):
+def _config(block_n, block_b, warps, stages=1):
+    return triton.Config({"BLOCK_N": block_n, "BLOCK_B": block_b, "STAGES": stages}, num_warps=warps)
+
+
+# M = 1, per format: rows per program against blocks per step. BLOCK_B = 32 x num_warps (x 2)
+# keeps every tile in one layout (``one_layout``); the first of each format holds 64 bytes of W
+# per thread per step (BLOCK_N * bytes per block of quants / (BLOCK_B / (32 * num_warps)) ...
+# per thread: 16 per q4_0 row, 32 per q8_0 row, 64 per bf16 row). Short rows (K < 4096) take
+# the narrower ones: a step of 128 blocks is 4096 weights.
+CONFIGS = {
+    "q4_0": [
+        _config(4, 128, warps=4, stages=3),
+        _config(4, 128, warps=4),
+        _config(8, 128, warps=4, stages=2),
+        _config(4, 256, warps=8, stages=3),
+        _config(4, 32, warps=1, stages=3),
+        _config(8, 64, warps=2, stages=3),
+    ],
+    "q8_0": [
+        _config(2, 128, warps=4, stages=3),
+        _config(2, 128, warps=4),
+        _config(4, 128, warps=4, stages=2),
+        _config(2, 256, warps=8, stages=3),
+        _config(2, 32, warps=1, stages=3),
+        _config(4, 64, warps=2, stages=3),
+    ],
+    "bf16": [
+        _config(1, 128, warps=4, stages=3),
+        _config(1, 128, warps=4),
+        _config(2, 128, warps=4, stages=2),
+        _config(1, 256, warps=8, stages=3),
+        _config(1, 32, warps=1, stages=3),
+        _config(2, 64, warps=2, stages=3),
+    ],
+}
+
+
+def one_layout(config) -> bool:
+    """Whether the blocks of a step fill the warps' threads (see decode_kernel's docstring)."""
+    return config.kwargs["BLOCK_B"] % (32 * config.num_warps) == 0
+
+
+def w_bytes_per_thread(fmt: str, config) -> int:
+    """Bytes of W a thread loads per step of decode_kernel."""
+    per_block = {"q4_0": 16, "q8_0": 32, "bf16": 64}[fmt]
+    return config.kwargs["BLOCK_N"] * config.kwargs["BLOCK_B"] * per_block // (32 * config.num_warps)
+
+
+def _rows_config(block_n, block_b, warps):
     return triton.Config({"BLOCK_N": block_n, "BLOCK_B": block_b}, num_warps=warps)
 
 
-# M = 1 is bandwidth-bound: rows per program (programs in flight) against blocks per step (the
-# length of each contiguous read: 8 q4_0 blocks = 128 bytes of quants per row). A step holds 16
-# bytes of quants per thread, for 16-byte loads, when BLOCK_N * BLOCK_B >= 8 * warps (q4_0; 4 for
-# q8_0, 2 for bf16). The accumulator, BLOCK_M * BLOCK_N * BLOCK_B * 32 FP32 values (16 per
-# block for q4_0), must stay within 64 per thread (``fits``), so more rows of X take smaller
-# tiles (the small configs at the end), whose loads of W are narrower.
-CONFIGS = [
-    _config(16, 8, warps=4),
-    _config(8, 16, warps=4),
-    _config(32, 8, warps=8),
-    _config(16, 16, warps=8),
-    _config(32, 4, warps=4),
-    _config(4, 4, warps=4),
-    _config(2, 8, warps=4),
-    _config(8, 2, warps=4),
-    _config(4, 2, warps=2),
+# M >= 2: the accumulator, BLOCK_M * BLOCK_N * BLOCK_B * 32 FP32 values (16 per block for
+# q4_0), must stay within 64 per thread (``fits``), so more rows of X take smaller tiles.
+ROWS_CONFIGS = [
+    _rows_config(16, 8, warps=4),
+    _rows_config(8, 16, warps=4),
+    _rows_config(32, 8, warps=8),
+    _rows_config(16, 16, warps=8),
+    _rows_config(32, 4, warps=4),
+    _rows_config(4, 4, warps=4),
+    _rows_config(2, 8, warps=4),
+    _rows_config(8, 2, warps=4),
+    _rows_config(4, 2, warps=2),
 ]
 
 INTERPRETER_CONFIG = {"BLOCK_N": 16, "BLOCK_B": 8}
 
-_autotuned_kernel = None
+_autotuned_kernels = {}
 
 
 def fits(config, block_m: int) -> bool:
-    """Whether ``config``'s accumulator for BLOCK_M rows of X fits (see CONFIGS)."""
+    """Whether a ROWS_CONFIGS ``config``'s accumulator for BLOCK_M rows of X fits."""
     return block_m * config.kwargs["BLOCK_N"] * config.kwargs["BLOCK_B"] * 32 <= 64 * 32 * config.num_warps
 
 
@@ -171,13 +298,18 @@ def _prune(configs, named_args, **kwargs):
     return [c for c in configs if fits(c, block_m)] or configs[:1]
 
 
-def _autotuned():
-    global _autotuned_kernel
-    if _autotuned_kernel is None:
-        _autotuned_kernel = triton.autotune(
-            configs=CONFIGS, key=["N", "K", "FORMAT", "BLOCK_M"], prune_configs_by={"early_config_prune": _prune}
-        )(decode_kernel)
-    return _autotuned_kernel
+def _autotuned(fmt: str, rows: bool):
+    """The autotuned kernel: decode_rows_kernel (M >= 2) or decode_kernel for ``fmt`` (M = 1)."""
+    if (fmt, rows) not in _autotuned_kernels:
+        if rows:
+            prune = {"early_config_prune": _prune}
+            tuned = triton.autotune(configs=ROWS_CONFIGS, key=["N", "K", "FORMAT", "BLOCK_M"], prune_configs_by=prune)(
+                decode_rows_kernel
+            )
+        else:
+            tuned = triton.autotune(configs=CONFIGS[fmt], key=["N", "K"])(decode_kernel)
+        _autotuned_kernels[fmt, rows] = tuned
+    return _autotuned_kernels[fmt, rows]
 
 
 def pack(fmt: str, n: int, k: int, data: torch.Tensor):
@@ -208,7 +340,8 @@ def pack(fmt: str, n: int, k: int, data: torch.Tensor):
 def decode(x, fmt: str, scales, quants, *, config=None):
     """Y = x @ W^T for x [M, K] float32 and W as ``pack`` gives it (``scales``, ``quants``:
     for bf16, scales is None and quants is W [N, K] bfloat16). Returns a new Y [M, N] float32.
-    ``config`` (a dict of BLOCK_N, BLOCK_B and optionally num_warps) skips the autotuner."""
+    ``config`` (a dict of BLOCK_N, BLOCK_B and optionally num_warps, and for M = 1 STAGES)
+    skips the autotuner: at M = 1 decode_kernel runs with it, else decode_rows_kernel."""
     if fmt not in FORMATS:
         raise ValueError(f"decode: unknown weight format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.ndim != 2:
@@ -233,17 +366,25 @@ def decode(x, fmt: str, scales, quants, *, config=None):
     if config is None and INTERPRETED:
         config = INTERPRETER_CONFIG
     s = scales if scales is not None else quants  # bf16: no scales (the pointer is never read)
+    code = _FORMAT_CODE[fmt]
+    if m == 1:  # the GEMV
+        chosen = {"STAGES": 1, **dict(config)} if config is not None else None
+        if chosen is None:
+            grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+            _autotuned(fmt, rows=False)[grid](x, s, quants, y, n, k, FORMAT=code)
+        else:
+            decode_kernel[(triton.cdiv(n, chosen["BLOCK_N"]),)](x, s, quants, y, n, k, FORMAT=code, **chosen)
+        return y
     for m0 in range(0, m, MAX_M):  # each pass: up to MAX_M rows of X, W read once
         rows = min(MAX_M, m - m0)
         block_m = triton.next_power_of_2(rows)
         xs, ys = x[m0 : m0 + rows], y[m0 : m0 + rows]
         args = (xs, s, quants, ys, rows, n, k)
         if config is None:
-            _autotuned()[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
-                *args, FORMAT=_FORMAT_CODE[fmt], BLOCK_M=block_m
+            _autotuned(fmt, rows=True)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
+                *args, FORMAT=code, BLOCK_M=block_m
             )
         else:
-            decode_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
-                *args, FORMAT=_FORMAT_CODE[fmt], BLOCK_M=block_m, **dict(config)
-            )
+            options = {key: value for key, value in dict(config).items() if key != "STAGES"}
+            decode_rows_kernel[(triton.cdiv(n, options["BLOCK_N"]),)](*args, FORMAT=code, BLOCK_M=block_m, **options)
     return y

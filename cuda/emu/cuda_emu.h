@@ -161,6 +161,13 @@ inline int __float_as_int(float f) {
     return i;
 }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// prmt.b32: byte n of the result is byte (s >> 4n) & 7 of the 8 bytes {y, x} (x's are 0-3).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long bytes = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; ++n) r |= (unsigned)(bytes >> 8 * ((s >> 4 * n) & 7) & 0xff) << 8 * n;
+    return r;
+}
 // No separate shared window here: the "shared address" is the host address itself.
 inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
 template <class T> inline T __ldg(const T* p) { return *p; }   // read-only cache: a plain load

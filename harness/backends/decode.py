@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import clib
-from ..core import Backend, BrokenError, Implementation, MatmulInputError, Prepared
-from ..quant import FORMATS, QuantizedWeights
-from ..registry import register
-from ..sources import load_python_source
-from .c import VARIANTS, CCall, resolved_variant, supported_variants, thread_option, variants_text
+from harness.backends.c import VARIANTS, CCall, clib, resolved_variant, supported_variants, thread_option, variants_text
+from harness.env.sources import load_python_source
+from harness.model.core import Backend, BrokenError, Implementation, MatmulInputError, Prepared
+from harness.model.quant import FORMATS, QuantizedWeights
+from harness.model.registry import register
 
 WEIGHTS = ("q8_0", "q4_0", "bf16")
 
@@ -225,7 +224,7 @@ register(
 # llama.cpp's rung: X quantized to q8_0 per block, integer dot products (c/decode_int8.c). Its
 # result carries X's rounding (up to half of d_x = max|x| / 127 per element of each 32-wide
 # block), which it declares (activation_rounding="q8_0": checking.py then allows that
-# rounding's error, harness/activation_error.py). tests/test_decode.py checks it
+# rounding's error, harness/model/activation_error.py). tests/test_decode.py checks it
 # against the float64 product of the quantized X (``quantized_activations``), bounds its
 # distance from the exact product, and runs the declared model.
 INT8_IMPLEMENTATION = register(
@@ -248,6 +247,6 @@ INT8_IMPLEMENTATION = register(
 def quantized_activations(x: np.ndarray) -> np.ndarray:
     """X [M, K] as c.decode_int8 multiplies it: each 32-wide block of each row quantized to
     q8_0 (quant.quantize: ggml's bytes) and dequantized, float32."""
-    from ..quant import quantize
+    from harness.model.quant import quantize
 
     return quantize(np.ascontiguousarray(x, dtype=np.float32), "q8_0").dequantize()

@@ -16,7 +16,7 @@ integer dot product with the weights' quants exactly and sums ``d_w * d_x * sum_
 float32. Its weights are exactly the format's; its activations are not X but X rounded to
 within ``d_x / 2`` (plus the scale's float16 rounding). So the implementation declares
 ``activation_rounding="q8_0"`` and is checked with the extra error term that rounding
-implies (harness/activation_error.py); the plain float32 tolerance, made for kernels that
+implies (harness/model/activation_error.py); the plain float32 tolerance, made for kernels that
 multiply X itself, is hundreds of times too tight for it.
 
 Threads: the ``threads`` option, as for every threaded row (compare passes its ``threads``,
@@ -32,10 +32,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..core import Backend, Implementation, MatmulInputError, Prepared
-from ..quant import QuantizedWeights
-from ..registry import register
-from .c import thread_option
+from harness.backends.c import thread_option
+from harness.model.core import Backend, Implementation, MatmulInputError, Prepared
+from harness.model.quant import QuantizedWeights
+from harness.model.registry import register
 
 INSTALL = "pip install ggml-python, or pip install -e '.[ggml]' (it builds llama.cpp's ggml from source, a few minutes)"
 WEIGHTS = ("q4_0", "q8_0")
@@ -90,7 +90,6 @@ def check_round_trip(weights: QuantizedWeights) -> None:
 
 
 class _GgmlPrepared(Prepared):
-
     def __init__(self, x: np.ndarray, w: QuantizedWeights, threads: int):
         ggml = self._ggml = _ggml()
         m, (n, k) = x.shape[0], w.shape

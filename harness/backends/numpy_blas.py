@@ -20,12 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import Backend, Implementation, Prepared
-from ..registry import register
+from harness.model.core import Backend, Implementation, Prepared
+from harness.model.registry import register
 
 
 class _NumpyPrepared(Prepared):
-
     def __init__(self, a, b):
         self.a, self.b = a, b
         self.c = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)

@@ -28,8 +28,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..core import Backend, Implementation, Prepared
-from ..registry import register
+from harness.model.core import Backend, Implementation, Prepared
+from harness.model.registry import register
 
 # CBLAS enums
 ROW_MAJOR, NO_TRANS = 101, 111
@@ -90,7 +90,6 @@ def blis_description() -> str | None:
 
 
 class _BlisPrepared(Prepared):
-
     def __init__(self, a, b, threads):
         self.c = np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)
         self._call = self._cblas(a, b, threads) if 0 not in a.shape + b.shape else (lambda: None)
@@ -189,7 +188,6 @@ class BlisBackend(Backend):
 
 
 class _TorchPrepared(Prepared):
-
     def __init__(self, a, b, threads):
         import torch
 
@@ -248,11 +246,10 @@ class TorchCpuBackend(Backend):
 
 
 class _TorchInt4Prepared(Prepared):
-
     def __init__(self, x: np.ndarray, weights, threads):
         import torch
 
-        from .torch_int4 import int4_operands  # the GPU peer's reading of q4_0 as nibbles and scales
+        from harness.backends.torch_int4 import int4_operands  # the GPU peer's reading of q4_0 as nibbles and scales
 
         if threads is not None:
             torch.set_num_threads(int(threads))

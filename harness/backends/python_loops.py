@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import Backend, Implementation, Prepared
-from ..registry import register
-from ..sources import load_python_source
+from harness.env.sources import load_python_source
+from harness.model.core import Backend, Implementation, Prepared
+from harness.model.registry import register
 
 # The rates (FLOP/s) a refusal's estimate divides by, as measured: each loop order run three
 # times at 320^3 (1.8-2.0 s each; the median, prepared.run() only: the lists are made outside
@@ -25,7 +25,6 @@ TILED_MODEL_RATE = 1.35e9
 
 
 class _ListsPrepared(Prepared):
-
     def __init__(self, function, a, b):
         self.function = function
         self.dtype = a.dtype
@@ -56,7 +55,6 @@ class PythonLoopsBackend(Backend):
 
 
 class _TiledModelPrepared(Prepared):
-
     def __init__(self, function, a, b, tile):
         self.function, self.a, self.b, self.tile = function, a, b, tile
         self.output = None

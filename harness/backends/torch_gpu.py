@@ -3,17 +3,17 @@
 cuBLAS is asked for the same arithmetic as the hand kernels: TF32 off for FP32 (a TF32 "FP32"
 GEMM would be a different, less accurate product) and no reduced-precision reductions for
 BF16/FP16 (the hand kernels accumulate in FP32 all the way). Timing, conversions and peaks are
-``harness.gpu``'s, shared with the CUDA and Triton adapters.
+``harness.backends.gpu``'s, shared with the CUDA and Triton adapters.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import gpu
-from ..core import Backend, Implementation, Prepared
-from ..registry import register
-from ..timing import Timing
+from harness.backends import gpu
+from harness.model.core import Backend, Implementation, Prepared
+from harness.model.registry import register
+from harness.model.timing import Timing
 
 
 def exact_cublas_settings() -> None:
@@ -26,7 +26,6 @@ def exact_cublas_settings() -> None:
 
 
 class _TorchPrepared(Prepared):
-
     def __init__(self, a, b):
         import torch
 

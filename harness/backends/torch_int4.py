@@ -11,7 +11,7 @@ Its format is not one of quant.py's, so prepare (not timed) converts: q4_0's nib
 same 4-bit integers (weight = d * (nibble - 8)), so q = nibble, scale = d and zero = 0 give
 the q4_0 weights, except that the scale is rounded from float16 to bfloat16. X is rounded to
 bfloat16 and so is Y: the row is checked with those roundings allowed on top of the float32
-model (``activation_rounding="bf16"``, harness/activation_error.py), a worst-case bound of
+model (``activation_rounding="bf16"``, harness/model/activation_error.py), a worst-case bound of
 about 3 * 2^-8 of sum |x w| per output. The bytes it reads per weight are those of q4_0 less
 the scales' share plus the zeros' (4 bytes per 32 weights, 4.5 bits a weight as q4_0's).
 
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import gpu
-from ..core import Backend, Implementation, MatmulInputError, Prepared
-from ..registry import register
-from ..timing import Timing
+from harness.backends import gpu
+from harness.model.core import Backend, Implementation, MatmulInputError, Prepared
+from harness.model.registry import register
+from harness.model.timing import Timing
 
 GROUP = 32
 INNER_K_TILES = 2  # K must be a multiple of 32 * INNER_K_TILES
@@ -43,7 +43,6 @@ def int4_operands(weights):
 
 
 class _Prepared(Prepared):
-
     def __init__(self, x: np.ndarray, weights):
         import torch
 
@@ -93,7 +92,7 @@ class TorchInt4Backend(Backend):
         return None
 
     def prepare(self, impl, a, b, options):
-        from .decode import decode_inputs
+        from harness.backends.decode import decode_inputs
 
         x, w = decode_inputs(impl, a, b)
         if w.k % (GROUP * INNER_K_TILES) or w.n % 8:

@@ -3,7 +3,7 @@
 (Named triton_kernels, not triton, so that nothing here can be mistaken for the real package.)
 
 With a CUDA GPU the sources are compiled by Triton and autotuned; ``run`` synchronises, and
-``time`` uses the cuBLAS baseline's timer (``harness.gpu.time_cuda``: CUDA events, the L2
+``time`` uses the cuBLAS baseline's timer (``harness.backends.gpu.time_cuda``: CUDA events, the L2
 flushed before every repeat), so the two are measured alike.
 
 Without one they run on Triton's CPU interpreter, on CPU torch tensors, as a correctness
@@ -34,12 +34,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import gpu
-from ..core import Backend, BrokenError, Implementation, Prepared
-from ..gpu import to_numpy
-from ..registry import register
-from ..sources import load_python_source
-from ..timing import Timing
+from harness.backends import gpu
+from harness.backends.gpu import to_numpy
+from harness.env.sources import load_python_source
+from harness.model.core import Backend, BrokenError, Implementation, Prepared
+from harness.model.registry import register
+from harness.model.timing import Timing
 
 INTERPRET_ENV = "TRITON_INTERPRET"
 INTERPRETED_SECONDS_PER_PROGRAM = 3e-3
@@ -112,7 +112,9 @@ def load_source(relative: str):
         raise RuntimeError(reason)
     want = mode == "interpreted"
     module = load_python_source(relative)
-    missing = [f"{name} ({meaning})" for name, meaning in TritonBackend.SOURCE_NAMES.items() if not hasattr(module, name)]
+    missing = [
+        f"{name} ({meaning})" for name, meaning in TritonBackend.SOURCE_NAMES.items() if not hasattr(module, name)
+    ]
     if missing:  # a rung being written: a fault to fix, said in its row
         raise BrokenError(f"{relative} defines no {'; no '.join(missing)}")
     if module.INTERPRETED != want:  # loaded earlier in this process, with the environment changed since
@@ -278,7 +280,7 @@ class TritonBackend(Backend):
 
     SOURCE_NAMES = {
         "INTERPRETED": "True when its kernels were built for Triton's CPU interpreter, which TRITON_INTERPRET "
-        "decides as the file is imported: INTERPRETED = type(my_kernel).__name__ == \"InterpretedFunction\"",
+        'decides as the file is imported: INTERPRETED = type(my_kernel).__name__ == "InterpretedFunction"',
         "INTERPRETER_CONFIG": "the block sizes its wrapper launches with in the interpreter (a dict; the harness "
         "estimates an interpreted run's time from them)",
     }
@@ -347,7 +349,7 @@ class TritonBackend(Backend):
         return _TritonPrepared(mode, launch, (a.shape[0], b.shape[1]))
 
     def peak_gflops(self, impl, dtype: str) -> float | None:
-        # For the GEMV the roof is HBM bandwidth, so "% peak" reads as % of it (see harness.gpu).
+        # For the GEMV the roof is HBM bandwidth, so "% peak" reads as % of it (see harness.backends.gpu).
         return gpu.peak_for(impl.operation, dtype)
 
 
@@ -419,7 +421,7 @@ class TritonDecodeBackend(TritonBackend):
     def prepare(self, impl, a, b, options):
         import torch
 
-        from .decode import decode_inputs
+        from harness.backends.decode import decode_inputs
 
         x, w = decode_inputs(impl, a, b)
         module = load_source(impl.source)

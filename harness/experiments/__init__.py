@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Protocol, runtime_checkable
 
-from . import (
+from harness.experiments import (
     association,
     blas_grid,
     comparison,

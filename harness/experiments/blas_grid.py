@@ -31,13 +31,13 @@ import sys
 import time
 from typing import Sequence
 
-from .. import machine
-from ..checking import check, reference
-from ..compare import blas_limits
-from ..core import Matmul
-from ..inputs import Shape, make_inputs, parse_shape
-from ..registry import lookup
-from ..timing import SETTLE_SECONDS
+from harness.model.checking import check, reference
+from harness.model.core import Matmul
+from harness.model.inputs import Shape, make_inputs, parse_shape
+from harness.model.registry import lookup
+from harness.model.timing import SETTLE_SECONDS
+from harness.run import machine
+from harness.run.compare import blas_limits
 
 NAME = "blas-grid"
 TITLE = "c.packed against NumPy's BLAS, BLIS and torch on the whole shape grid, 1 and 2 threads"
@@ -70,7 +70,7 @@ TARGET_SMALL = 0.7  # at 64^3
 
 
 def add_arguments(parser) -> None:
-    from ..cli import count_at_least, positive_seconds, shape_without_zeros
+    from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
 
     parser.add_argument(
         "--shapes",
@@ -97,7 +97,7 @@ PEERS = {"blis": "blis.gemm", "torch": "torch.cpu"}
 
 def blis_kernel() -> str | None:
     """Which BLIS runs and its kernel set (haswell, skx, zen3, generic...), or None without one."""
-    from ..backends.peers import blis_description
+    from harness.backends.peers import blis_description
 
     return blis_description()
 
@@ -193,7 +193,7 @@ def run(
     sample_time: float = 0.05,
     progress=None,
 ) -> dict:
-    from .common import write
+    from harness.experiments.common import write
 
     if progress is None and sys.stderr.isatty():
         progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -299,7 +299,7 @@ def findings(data: dict) -> list[str]:
 
 
 def _figure(data: dict):
-    from .common import pyplot
+    from harness.experiments.common import pyplot
 
     plt = pyplot()
     from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullLocator

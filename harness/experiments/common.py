@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import files, machine
-from ..checking import check
-from ..compare import blas_limits, reference_for
-from ..core import (
+from harness.env import files
+from harness.model.checking import check
+from harness.model.core import (
     InputGuard,
     Matmul,
     MatmulInputError,
@@ -21,10 +20,12 @@ from ..core import (
     tried_to_write_inputs,
     wrote_inputs_message,
 )
-from ..inputs import make_inputs, parse_shape
-from ..registry import lookup
-from ..results import finite_or_null
-from ..timing import time_cpu
+from harness.model.inputs import make_inputs, parse_shape
+from harness.model.registry import lookup
+from harness.model.timing import time_cpu
+from harness.run import machine
+from harness.run.compare import blas_limits, reference_for
+from harness.run.results import finite_or_null
 
 
 @lru_cache(maxsize=2)
@@ -211,7 +212,7 @@ def gpu_peaks() -> dict | None:
     use); None without a GPU or for a GPU the table does not know."""
     if not gpu_present():
         return None
-    from .. import gpu
+    from harness.backends import gpu
 
     peaks = gpu.device_peaks()
     if not peaks:

@@ -19,12 +19,12 @@ user would pick (NumPy, BLIS, torch for float32; ggml where installed) run besid
 
 from __future__ import annotations
 
-from .. import machine
-from ..compare import compare
-from ..inputs import parse_shape
-from ..registry import REGISTRY
-from ..render import format_time, ratio_text
-from .common import pyplot, say, write
+from harness.experiments.common import pyplot, say, write
+from harness.model.inputs import parse_shape
+from harness.model.registry import REGISTRY
+from harness.run import machine
+from harness.run.compare import compare
+from harness.run.render import format_time, ratio_text
 
 NAME = "decode"
 TITLE = "Decode: GEMV time against bytes per weight and against the batch (quantized weights)"
@@ -41,7 +41,7 @@ OURS = ("c.decode", "c.decode_int8", "c.packed")  # c.packed: the float32 GEMV t
 
 
 def add_arguments(parser) -> None:
-    from ..cli import count_at_least, positive_seconds
+    from harness.experiments.arguments import count_at_least, positive_seconds
 
     parser.add_argument("--shapes", nargs="+", type=_decode_shape, default=list(SHAPES), help="M = 1 shapes, 1xNxK")
     parser.add_argument("--batches", nargs="+", type=count_at_least(1), default=list(BATCHES), help="batch sizes M")
@@ -54,7 +54,7 @@ def _decode_shape(text: str) -> str:
     """--shapes: 1xNxK, N and K 1 or more."""
     import argparse
 
-    from ..cli import shape_without_zeros
+    from harness.experiments.arguments import shape_without_zeros
 
     if parse_shape(shape_without_zeros(text)).m != 1:
         raise argparse.ArgumentTypeError(f"invalid decode shape {text!r}: expected M = 1, 1xNxK")

@@ -8,8 +8,18 @@ result, once each) against the bandwidth the memory can deliver.
 
 from __future__ import annotations
 
-from ..registry import implementations
-from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, require_a_device, say, wanted, write
+from harness.experiments.common import (
+    cpu_bandwidth_gbps,
+    gpu_peaks,
+    inputs,
+    measure,
+    pyplot,
+    require_a_device,
+    say,
+    wanted,
+    write,
+)
+from harness.model.registry import implementations
 
 NAME = "gemv-bandwidth"
 TITLE = "GEMV bandwidth: achieved GB/s against the memory's peak"
@@ -20,7 +30,7 @@ GPU_SHAPES = ("1x8192x8192", "1x16384x16384")
 
 
 def add_arguments(parser) -> None:
-    from ..cli import shape_without_zeros
+    from harness.experiments.arguments import shape_without_zeros
 
     parser.add_argument(
         "--cpu-shapes", nargs="+", type=shape_without_zeros, default=list(CPU_SHAPES), help="CPU GEMV shapes, 1xNxK"

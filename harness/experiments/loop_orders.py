@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..checking import check
-from ..core import Matmul
-from ..inputs import make_inputs
-from ..registry import REGISTRY, lookup
-from ..render import format_time, rate_text
-from .common import measure, pyplot, say, timed_once, write
+from harness.experiments.common import measure, pyplot, say, timed_once, write
+from harness.model.checking import check
+from harness.model.core import Matmul
+from harness.model.inputs import make_inputs
+from harness.model.registry import REGISTRY, lookup
+from harness.run.render import format_time, rate_text
 
 NAME = "loop-orders"
 TITLE = "Loop orders: ijk, ikj and outer products in pure Python and in C (exercise B)"
@@ -28,7 +28,7 @@ C_ORDERS = ("c.naive_ijk", "c.naive_ikj", "c.blocked", "c.packed")
 
 
 def add_arguments(parser) -> None:
-    from ..cli import count_at_least
+    from harness.experiments.arguments import count_at_least
 
     parser.add_argument(
         "--size", type=count_at_least(1), default=512, help="square size (default 512; pure Python takes minutes)"

@@ -10,10 +10,20 @@ units, and the bandwidth one core sustains copying a large buffer. GPU roofs: th
 
 from __future__ import annotations
 
-from .. import machine
-from ..registry import REGISTRY, implementations
-from ..render import rate_text
-from .common import cpu_bandwidth_gbps, gpu_peaks, inputs, measure, pyplot, require_a_device, say, wanted, write
+from harness.experiments.common import (
+    cpu_bandwidth_gbps,
+    gpu_peaks,
+    inputs,
+    measure,
+    pyplot,
+    require_a_device,
+    say,
+    wanted,
+    write,
+)
+from harness.model.registry import REGISTRY, implementations
+from harness.run import machine
+from harness.run.render import rate_text
 
 NAME = "roofline"
 TITLE = "Roofline: measured points under the compute and bandwidth roofs"
@@ -25,7 +35,7 @@ GPU_SHAPES = {"gemm": "4096", "gemv": "1x16384x16384"}
 
 
 def add_arguments(parser) -> None:
-    from ..cli import shape_without_zeros
+    from harness.experiments.arguments import shape_without_zeros
 
     parser.add_argument(
         "--cpu-gemm", type=shape_without_zeros, default=CPU_SHAPES["gemm"], help="CPU GEMM shape (default 1024)"
@@ -83,7 +93,7 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
 
 def figure(data: dict):
     """Each device's roofs and the measured points, on log-log axes."""
-    from ..plotting import readable_log_ticks
+    from harness.run.plotting import readable_log_ticks
 
     roofs, points = data["roofs"], data["points"]
     plt = pyplot()

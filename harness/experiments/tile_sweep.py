@@ -33,15 +33,16 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from .. import files, machine
-from ..checking import check, reference
-from ..compare import blas_limits
-from ..core import InputGuard, Matmul, wrote_inputs_message
-from ..inputs import Shape, make_inputs, parse_shape
-from ..registry import lookup
-from ..render import rate_text
-from ..results import finite_or_null
-from ..timing import time_cpu
+from harness.env import files
+from harness.model.checking import check, reference
+from harness.model.core import InputGuard, Matmul, wrote_inputs_message
+from harness.model.inputs import Shape, make_inputs, parse_shape
+from harness.model.registry import lookup
+from harness.model.timing import time_cpu
+from harness.run import machine
+from harness.run.compare import blas_limits
+from harness.run.render import rate_text
+from harness.run.results import finite_or_null
 
 NAME = "tile-sweep"
 TITLE = "Tile sweep: c.blocked's GFLOP/s against its tile size, beside naive C and the BLAS (exercise C)"
@@ -100,7 +101,7 @@ def _where(size: int, caches: dict) -> str:
 
 
 def add_arguments(parser) -> None:
-    from ..cli import count_at_least, positive_seconds, shape_without_zeros
+    from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
 
     parser.add_argument(
         "--shape",

@@ -25,21 +25,21 @@ Which path runs:
 
 from __future__ import annotations
 
-from ... import gpu
-from ...core import Backend, Implementation
-from ...inputs import Shape, dtype_name
-from ...registry import register
-from .emulation import (
+from harness.backends import gpu
+from harness.backends.cuda.emulation import (
     EMULATE_ENV,
     EmulatedPrepared,
     emulated_library,
     emulation_requested,
     emulation_unavailable_reason,
 )
-from .loaders import NativePrepared, _device_arch, native_unavailable_reason
-from .plans import cdiv, decode_buffers, decode_technique, kernel_buffers, plan
-from .resources import resource_table
-from .toolkit import ARCHS
+from harness.backends.cuda.loaders import NativePrepared, _device_arch, native_unavailable_reason
+from harness.backends.cuda.plans import cdiv, decode_buffers, decode_technique, kernel_buffers, plan
+from harness.backends.cuda.resources import resource_table
+from harness.backends.cuda.toolkit import ARCHS
+from harness.model.core import Backend, Implementation
+from harness.model.inputs import Shape, dtype_name
+from harness.model.registry import register
 
 __all__ = ["ARCHS", "CudaBackend", "resource_table"]
 
@@ -107,7 +107,7 @@ class CudaBackend(Backend):
         repacked into the layout cuda/decode.cu reads (plans.decode_weight_bytes: the same bytes,
         scales apart from quants, so every block's quants are aligned 16-byte loads) and copied
         to the device here, in prepare, outside the timed region."""
-        from ..decode import decode_inputs
+        from harness.backends.decode import decode_inputs
 
         x, w = decode_inputs(impl, a, b)
         inputs, out_shape, k = decode_buffers(x, w)

@@ -3,7 +3,7 @@
 Opt-in with ``MATMUL_CUDA_EMULATE=1``. Needs a C++20 g++ (or ``$CXX``); each file is built into
 ``build/cuda-emu/`` and rebuilt when it or the emulation changes (the cache key hashes contents,
 never a path or a time, so a moved or copied checkout runs what it has built). A build is
-recorded by size and hash (harness/cache.py) and checked before it is used: one emptied or
+recorded by size and hash (harness/env/cache.py) and checked before it is used: one emptied or
 truncated since is built again, never loaded (a truncated library kills the process with
 SIGBUS). Launches come from plans.py, exactly as on the GPU. Rows are marked "emulated" and
 never timed: the emulator says nothing about speed, only about what the kernels compute (and,
@@ -25,15 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import cache, files, sources
-from ...clib import interprocess_lock
-from ...core import Prepared
-from ...inputs import dtype_name
-from ...interrupts import call_interruptibly
-from ...switches import switch
-from . import tensormap
-from .plans import Launch, TensorMapArg
-from .toolkit import cache_root, relative_to_sources
+from harness.backends.c.clib import interprocess_lock
+from harness.backends.cuda import tensormap
+from harness.backends.cuda.plans import Launch, TensorMapArg
+from harness.backends.cuda.toolkit import cache_root, relative_to_sources
+from harness.env import cache, files, sources
+from harness.env.interrupts import call_interruptibly
+from harness.env.switches import switch
+from harness.model.core import Prepared
+from harness.model.inputs import dtype_name
 
 EMULATE_ENV = "MATMUL_CUDA_EMULATE"
 

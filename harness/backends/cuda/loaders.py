@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import gpu
-from ...core import Prepared
-from . import tensormap
-from .plans import Launch, TensorMapArg
-from .toolkit import compile_cubin, native_arch
+from harness.backends import gpu
+from harness.backends.cuda import tensormap
+from harness.backends.cuda.plans import Launch, TensorMapArg
+from harness.backends.cuda.toolkit import compile_cubin, native_arch
+from harness.model.core import Prepared
 
 LOADER_ENV = "MATMUL_CUDA_LOADER"
 LOADERS = ("pycuda", "cupy")
@@ -219,13 +219,12 @@ def native_function(relative: str, kernel: str, signature: str, shared_bytes: in
 
 
 def progress_wanted(relative: str) -> bool:
-    from ...switches import switch
+    from harness.env.switches import switch
 
     return relative in PROGRESS_SOURCES and switch(PROGRESS_ENV)
 
 
 class NativePrepared(Prepared):
-
     def __init__(self, relative: str, launch: Launch, inputs: dict, out_shape, dtype: str, result_shape):
         import torch
 

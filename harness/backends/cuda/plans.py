@@ -16,8 +16,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ... import sources
-from . import toolkit
+from harness.backends.cuda import toolkit
+from harness.env import sources
 
 
 @dataclass(frozen=True)

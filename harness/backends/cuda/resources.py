@@ -11,8 +11,8 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ... import sources
-from .toolkit import ARCHS, archs_for, compile_cubin, cuda_sources
+from harness.backends.cuda.toolkit import ARCHS, archs_for, compile_cubin, cuda_sources
+from harness.env import sources
 
 
 @dataclass(frozen=True)

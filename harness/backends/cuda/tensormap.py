@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 from functools import lru_cache
 
-from .plans import TensorMapArg
+from harness.backends.cuda.plans import TensorMapArg
 
 # CUtensorMapDataType, CUtensorMapSwizzle and CUtensorMapL2promotion values (cuda.h)
 DATA_TYPES = {"float16": 6, "bfloat16": 9}

@@ -17,7 +17,7 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
-from ... import cache, files, sources
+from harness.env import cache, files, sources
 
 NVCC_OPTIONS = ("-std=c++17", "-O3")
 ARCHS = ("sm_80", "sm_90")  # what the compile check builds for (BF16 WMMA needs sm_80)
@@ -111,7 +111,7 @@ def compile_cubin(relative: str, arch: str, defines: tuple[str, ...] = ()) -> tu
     Raises RuntimeError with nvcc's message when the file does not compile. Cached under
     build/cuda-cubin/ on the source text, the flags (with the checkout's own folders named
     relative to it, so a moved or copied checkout finds what it compiled) and the nvcc version;
-    a cached cubin or log that is no longer what its compilation recorded (harness/cache.py) is
+    a cached cubin or log that is no longer what its compilation recorded (harness/env/cache.py) is
     compiled again, never loaded.
     """
     compiler = nvcc()

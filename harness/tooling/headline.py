@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import files
-from .inputs import parse_shape
-from .render import format_time, rate_text, ratio_text, short_shape
+from harness.env import files
+from harness.model.inputs import parse_shape
+from harness.run.render import format_time, rate_text, ratio_text, short_shape
 
 LADDERS = ("python", "c", "cuda", "triton")  # our implementations; every other language is a library
 # Rungs that are not the ladder's technique at work: python.tiled_model models the GPU's tiled
@@ -147,7 +147,7 @@ def figure(lines: list[Line], path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plotting import readable_log_ticks
+    from harness.run.plotting import readable_log_ticks
 
     shown = [line for line in lines if line.best.get("speedup") and line.first.get("speedup")]
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(shown) + 1.6))

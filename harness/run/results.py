@@ -1,7 +1,9 @@
 """The results of a comparison: one ``Row`` per (implementation, shape, dtype), and the
 ``Results`` that hold them with the machine they ran on, written to and read from JSON and CSV.
 
-Printing (render.py) and plotting (plotting.py) read these; the run loop (compare.py) fills them.
+Printing (render.py) and plotting (plotting.py) read these, and name them only for type
+checkers, so that this module imports them and not the other way round; the run loop
+(compare.py) fills them.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import files
-from .inputs import dtype_name, parse_shape
+from harness.env import files
+from harness.model import registry
+from harness.model.inputs import dtype_name, parse_shape
+from harness.run import plotting, render
 
 FAULTS = ("FAILED", "error", "crashed", "timed out")  # statuses that make a command exit 1
 
@@ -100,20 +104,14 @@ class Results:
     # --- output: the table (render.py), the plot (plotting.py), JSON and CSV ------------------
     def table(self, width: int = 100):
         """The rows that ran as a rich Table sized for ``width`` columns."""
-        from . import render
-
         return render.table(self, width)
 
     def not_run(self) -> list[str]:
         """One line per implementation that did not run somewhere: why, and how often."""
-        from . import render
-
         return render.not_run(self)
 
     def render(self, width: int | None = None) -> str:
         """The table and, below it, what did not run here and why: what ``print`` shows."""
-        from . import render
-
         return render.render(self, width)
 
     def __str__(self) -> str:
@@ -121,8 +119,6 @@ class Results:
 
     def plot(self, path, title: str | None = None) -> Path:
         """GFLOP/s against problem size (PNG); GEMV shapes get a panel of GB/s of their own."""
-        from . import plotting
-
         return plotting.plot(self, path, title)
 
     @classmethod
@@ -166,9 +162,7 @@ def finite_or_null(value):
 def fill_speedups(rows: list[Row]) -> None:
     """Each timed row's speed against its device's baseline at the same shape and dtype (for a
     decode row: against the baseline's float32 product at that shape, what quantizing buys)."""
-    from .registry import REGISTRY
-
-    baseline_names = {impl.name for impl in REGISTRY.values() if impl.baseline}
+    baseline_names = {impl.name for impl in registry.REGISTRY.values() if impl.baseline}
     base = {(r.device, r.shape, r.dtype): r.median_s for r in rows if r.implementation in baseline_names and r.timed}
     for row in rows:
         base_time = base.get((row.device, row.shape, row.dtype))

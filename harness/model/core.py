@@ -23,29 +23,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .inputs import Shape, dtype_name, numpy_dtype
-from .switches import switch
-from .timing import Timing
+from harness.env.switches import switch
+from harness.model.errors import BrokenError, MatmulInputError, ResultError, UnavailableError
+from harness.model.inputs import Shape, dtype_name, numpy_dtype
+from harness.model.timing import Timing
 
 ALLOW_SLOW_ENV = "MATMUL_ALLOW_SLOW"
-
-
-class MatmulInputError(ValueError):
-    """Inputs an implementation cannot take: wrong ndim, shapes, dtype, or size."""
-
-
-class ResultError(RuntimeError):
-    """An implementation returned something other than an array of the problem's dtype and shape."""
-
-
-class UnavailableError(RuntimeError):
-    """The implementation cannot run on this machine (no GPU, a package missing, ...)."""
-
-
-class BrokenError(UnavailableError):
-    """The implementation should run here, but its build or load failed (the C library did not
-    build, MATMUL_C_LIBRARY names a library that is not ours): a fault to fix, which a
-    comparison reports as an error, unlike a machine that lacks a GPU or a package."""
 
 
 class Prepared:
@@ -319,7 +302,7 @@ def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) 
 
 def is_quantized(b) -> bool:
     """Whether ``b`` is a decode problem's weights (quant.QuantizedWeights) rather than a float B."""
-    from .quant import QuantizedWeights
+    from harness.model.quant import QuantizedWeights
 
     return isinstance(b, QuantizedWeights)
 

@@ -47,7 +47,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .inputs import dtype_name, numpy_dtype
+from harness.model.inputs import dtype_name, numpy_dtype
 
 ACCUMULATES_IN = {"float16": "float32", "bfloat16": "float32"}
 SAFETY = 4.0
@@ -112,12 +112,12 @@ def check(result, a, b, ref=None, *, activation_rounding: str | None = None) -> 
     product, or a ``Reference``; computed here when not given). ``activation_rounding``
     ("q8_0"): the result is of a kernel that rounds A that way before multiplying
     (``Implementation.activation_rounding``); the error that implies is allowed on top
-    (harness/activation_error.py).
+    (harness/model/activation_error.py).
 
     ``b`` may be decode weights (``harness.quant.quantize(w, "q8_0")``, W [N, K]): the result
     is then Y = X @ W^T, checked against X times the weights the format holds
     (``b.dequantize()``, exact in float32), as a comparison checks its decode rows."""
-    from .quant import QuantizedWeights
+    from harness.model.quant import QuantizedWeights
 
     a = np.asarray(a)
     if isinstance(b, QuantizedWeights):
@@ -139,7 +139,7 @@ def check(result, a, b, ref=None, *, activation_rounding: str | None = None) -> 
         return CheckOutcome(True, 0.0, "empty result")
     extra = None
     if activation_rounding is not None:
-        from .activation_error import extra_allowed
+        from harness.model.activation_error import extra_allowed
 
         extra = extra_allowed(a, b, activation_rounding)
     return compare_elements(np, result.astype(np.float64), ref.product, ref.terms_norm, a.dtype, a.shape[1], extra)
@@ -147,7 +147,7 @@ def check(result, a, b, ref=None, *, activation_rounding: str | None = None) -> 
 
 def compare_elements(xp, got, ref, terms_norm, dtype, k: int, extra=None) -> CheckOutcome:
     """The error model on float64 arrays of one array library ``xp``: NumPy, or torch for
-    tensors on a GPU (harness.gpu.DeviceProblem), where an 8192^2 product is checked in
+    tensors on a GPU (harness.backends.gpu.DeviceProblem), where an 8192^2 product is checked in
     milliseconds. ``dtype`` is the problem's; ``k`` the inner dimension; ``extra``, where
     given, is added to the allowance per element (activation_error.py)."""
     name = dtype_name(dtype)

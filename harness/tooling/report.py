@@ -6,8 +6,8 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import files
-from .experiments import EXPERIMENTS
+from harness.env import files
+from harness.experiments import EXPERIMENTS
 
 
 def machine_label(machine: dict, clock: str | None = None) -> str:

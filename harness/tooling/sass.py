@@ -33,7 +33,7 @@ from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
-from . import cache, sources
+from harness.env import cache, sources
 
 NVCC_FLAGS = ("-std=c++17", "-O3")  # what the CUDA backend compiles with
 

@@ -1,7 +1,8 @@
 """The registry: every implementation, in reading order (simplest first).
 
 Each backend module registers its own implementations with ``register`` when it is imported;
-the imports at the bottom of this file, in reading order, are the only list. A user's own
+``harness/backends/__init__.py`` imports them in reading order, the only list (and the
+registry imports none of them: it sits below the backends). A user's own
 implementation joins the same way: ``harness.register(harness.Implementation(...))``.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from .core import Implementation
+from harness.model.core import Implementation
 
 REGISTRY: dict[str, Implementation] = {}
 
@@ -63,11 +64,3 @@ def lookup(name: str) -> Implementation:
         return REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown implementation {name!r}; known: {', '.join(REGISTRY)}") from None
-
-
-# Reading order: each module registers its implementations as it is imported, so this order
-# (not the alphabet) is the order of every table.
-# isort: off
-from .backends import python_loops, c, decode, numpy_blas, peers, ggml_peer  # noqa: E402, F401
-from .backends import cuda, torch_gpu, torch_int4, triton_kernels  # noqa: E402, F401
-# isort: on

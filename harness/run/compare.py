@@ -17,12 +17,21 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import machine
-from .checking import Reference, check, reference_data
-from .core import InputGuard, Matmul, MatmulInputError, check_problem, tried_to_write_inputs, wrote_inputs_message
-from .external import add_external, external_recipe, is_external
-from .inputs import Shape, dtype_name, make_inputs, parse_shape
-from .isolation import (
+from harness.backends.external import add_external, external_recipe, is_external
+from harness.model.checking import Reference, check, reference_data
+from harness.model.core import (
+    InputGuard,
+    Matmul,
+    MatmulInputError,
+    check_problem,
+    tried_to_write_inputs,
+    wrote_inputs_message,
+)
+from harness.model.inputs import Shape, dtype_name, make_inputs, parse_shape
+from harness.model.registry import REGISTRY, describe, implementations
+from harness.model.timing import SETTLE_SECONDS, Timing, time_cpu
+from harness.run import machine
+from harness.run.isolation import (
     ISOLATE_CHOICES,
     KernelCrashed,
     KernelFailed,
@@ -31,9 +40,7 @@ from .isolation import (
     automatic_limit_s,
     timing_allowance_s,
 )
-from .registry import REGISTRY, describe, implementations
-from .results import Results, Row, fill_speedups
-from .timing import SETTLE_SECONDS, Timing, time_cpu
+from harness.run.results import Results, Row, fill_speedups
 
 __all__ = ["Results", "Row", "compare", "blas_limits", "reference_for"]
 
@@ -66,7 +73,7 @@ FLOAT_WEIGHTS = "float32"  # a decode problem's unquantized weights: the plain p
 
 def _weight_formats(weights, baselines: bool) -> list[str]:
     """The decode problems' weight formats, validated ([] for a plain comparison)."""
-    from .quant import format_of
+    from harness.model.quant import format_of
 
     if weights is None:
         return []
@@ -140,9 +147,9 @@ def compare(
     ):
         raise ValueError(f"min_time must be a finite number of seconds > 0, got {min_time!r}")
     if threads is not None:
-        from .backends.c import default_threads
+        from harness.env.cores import usable_cores
 
-        cores = default_threads()
+        cores = usable_cores()
         if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= cores:
             raise ValueError(
                 f"threads must be a whole number from 1 to {cores} (the cores this process may use), "
@@ -217,7 +224,7 @@ GPU_REFERENCE_MIN_FLOPS = 2 * 1024**3
 
 
 def _reference_on_gpu(flops: float, devices) -> bool:
-    from . import gpu
+    from harness.backends import gpu
 
     return flops >= GPU_REFERENCE_MIN_FLOPS and "gpu" in devices and gpu.available()
 
@@ -225,7 +232,7 @@ def _reference_on_gpu(flops: float, devices) -> bool:
 def reference_for(a: np.ndarray, b: np.ndarray, devices) -> Reference:
     """The float64 reference of ``a @ b`` (``checking.Reference``): on the GPU when GPU implementations will be
     checked against it, a GPU is here and the problem is big; else NumPy's on the host."""
-    from . import gpu
+    from harness.backends import gpu
 
     if _reference_on_gpu(2 * a.shape[0] * a.shape[1] * b.shape[1], devices):
         return gpu.reference(a, b)
@@ -235,7 +242,7 @@ def reference_for(a: np.ndarray, b: np.ndarray, devices) -> Reference:
 def _gpu_info() -> dict:
     """The device, and its memory roof measured now beside the datasheet's (GEMV rows are
     scored against both)."""
-    from . import gpu
+    from harness.backends import gpu
 
     info = gpu.device_info()
     info["copy_bandwidth_gbps"] = round(gpu.copy_bandwidth_gbps(), 1)
@@ -247,9 +254,9 @@ def _threads_used(impl, threads: int | None, run_options: dict) -> int:
     if impl.threaded:
         chosen = run_options.get("threads")
         if chosen is None:
-            from .backends.c import default_threads
+            from harness.env.cores import usable_cores
 
-            return default_threads()
+            return usable_cores()
         return int(chosen)
     if impl.baseline:
         if threads is not None:
@@ -287,7 +294,7 @@ class _Problem:
         a, b = make_inputs(self.shape, self.dtype, self.seed)
         a.flags.writeable = False
         if self.quantized:
-            from .quant import quantize
+            from harness.model.quant import quantize
 
             w = quantize(np.ascontiguousarray(b.T), self.weights)  # raises MatmulInputError (K % 32) for all rows
             self._float_b = w.dequantize().T
@@ -303,7 +310,7 @@ class _Problem:
             # Before any row runs: no implementation can have touched what it is computed from.
             a, b = self._inputs[0], self._float_b
             if _reference_on_gpu(self.shape.flops, self.devices) and not self.quantized:
-                from .gpu import DeviceProblem
+                from harness.backends.gpu import DeviceProblem
 
                 self._reference = DeviceProblem(a, b)
             else:

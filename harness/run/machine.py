@@ -80,7 +80,7 @@ def versions() -> dict[str, str]:
 def measured_clock_ghz() -> float | None:
     """The core clock measured by the C library (None if the library cannot be loaded)."""
     try:
-        from . import clib
+        from harness.backends.c import clib
 
         _, lib = clib.load()
         return float(lib.matmul_measure_clock_ghz())
@@ -118,7 +118,7 @@ def measured_fma_roofs() -> dict | None:
     clock and SIMD width allow (``roof_bound``) is dropped for the one measured now.
     """
     try:
-        from . import clib
+        from harness.backends.c import clib
 
         ffi, lib = clib.load()
         # looked up here: a library that is not ours (MATMUL_C_LIBRARY) loads, and lacks them
@@ -268,7 +268,7 @@ def remember_roofs(key: str, measured: dict, bounds: dict | None = None) -> dict
     silently undo a user's own arrangement; the roofs measured now serve this process."""
     import json
 
-    from . import files
+    from harness.env import files
 
     cache = _roof_cache_path()
     bounds = bounds or {}
@@ -304,7 +304,7 @@ def memory_roof_gbps(threads: int = 1) -> float | None:
     if threads <= 1:
         return memory_read_gbps()
     try:
-        from . import clib
+        from harness.backends.c import clib
 
         ffi, lib = clib.load()
         measure = lib.matmul_measure_read_gbps_threads
@@ -322,7 +322,7 @@ def memory_roof_gbps(threads: int = 1) -> float | None:
 
 
 def _roof_cache_path():
-    from .cache import user_cache_root
+    from harness.env.cache import user_cache_root
 
     return user_cache_root() / "cpu-roofs.json"
 

@@ -17,7 +17,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from . import files
+from harness.env import files
 
 CACHE_NAME = "matmul-reference"
 

@@ -2,7 +2,7 @@
 
 In a checkout the library is built with CMake into ``build/harness-c/`` and rebuilt whenever
 what it is built from changes: a stamp beside it records a hash of the contents of every C
-source and header, CMakeLists.txt and harness/call_glue.py, the CPU that built it, and the size
+source and header, CMakeLists.txt and harness/backends/c/call_glue.py, the CPU that built it, and the size
 and SHA-256 of the library (and of the call glue) that the build produced. The library is
 current only while all of that still matches: an edited ``c/*.c`` takes effect on the next
 run; a build killed while linking (which can leave a truncated library) is rebuilt, not
@@ -47,8 +47,10 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from . import cache, call_glue, files, sources
+from harness.backends.c import call_glue
+from harness.env import cache, files, sources
 
+CALL_GLUE_SOURCE = "harness/backends/c/call_glue.py"  # relative to the checkout: it generates the glue
 LIBRARY_NAMES = {"linux": "libmatmul.so", "darwin": "libmatmul.dylib"}
 
 
@@ -84,7 +86,7 @@ def checkout_build_dir() -> Path:
 
 
 def _c_inputs(root: Path) -> list[Path]:
-    return [root / "CMakeLists.txt", root / "harness" / "call_glue.py", *sorted((root / "c").rglob("*.[ch]"))]
+    return [root / "CMakeLists.txt", root / CALL_GLUE_SOURCE, *sorted((root / "c").rglob("*.[ch]"))]
 
 
 def _stamp(library: Path) -> Path:

@@ -35,10 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache, sources
-from .core import Backend, Implementation, Prepared
-from .interrupts import call_interruptibly
-from .registry import REGISTRY, register
+from harness.env import cache, sources
+from harness.env.interrupts import call_interruptibly
+from harness.model.core import Backend, Implementation, Prepared
+from harness.model.registry import REGISTRY, register
 
 # From this many multiply-adds a call (which may take seconds: a naive loop does about one per
 # nanosecond) runs where Ctrl-C can stop the wait for it (backends/c.py); below, the worker
@@ -144,7 +144,6 @@ def implementation_from_recipe(recipe: tuple) -> Implementation:
 
 
 class _Prepared(Prepared):
-
     def __init__(self, call, a, b):
         self.call, self.a, self.b = call, a, b
         self.c = None

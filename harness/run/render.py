@@ -15,7 +15,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .results import Results, Row
+    from harness.run.results import Results, Row
 
 NOISY_SPREAD = 0.25  # interquartile range over median beyond which a row is flagged
 

@@ -41,9 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import Implementation, InputGuard
-from .interrupts import WAIT_SLICE_S  # how often the waiting parent lets a Ctrl-C in
-from .timing import Timing
+from harness.env.interrupts import WAIT_SLICE_S  # how often the waiting parent lets a Ctrl-C in
+from harness.model.core import Implementation, InputGuard
+from harness.model.timing import Timing
 
 START_LIMIT_S = 60.0  # starting Python, importing the harness and loading the kernel
 
@@ -116,7 +116,7 @@ class Worker:
     def __init__(
         self, impl: Implementation, options: dict, allow_slow: bool | None = None, blas_threads: int | None = None
     ):
-        from .external import external_recipe, spec_text
+        from harness.backends.external import external_recipe, spec_text
 
         self.name = spec_text(impl) if external_recipe(impl) else impl.name  # as the user named it
         self._recipe = recipe(impl)
@@ -133,10 +133,10 @@ class Worker:
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
-        package_parent = str(Path(__file__).resolve().parent.parent)  # this harness, whatever the cwd holds
+        package_parent = str(Path(__file__).resolve().parents[2])  # this harness, whatever the cwd holds
         command = (
             f"import sys; sys.path.insert(0, {package_parent!r}); "
-            f"from harness.isolation import serve; serve({theirs.fileno()})"
+            f"from harness.run.isolation import serve; serve({theirs.fileno()})"
         )
         try:
             process = subprocess.Popen(
@@ -228,14 +228,14 @@ class Worker:
 # ---- the worker's side ---------------------------------------------------------------------
 def recipe(impl: Implementation) -> tuple:
     """What a worker needs to make ``impl`` again: a user's file and function, or a name."""
-    from .external import external_recipe
+    from harness.backends.external import external_recipe
 
     return external_recipe(impl) or ("registered", impl.name)
 
 
 def _implementation(recipe: tuple) -> Implementation:
-    from . import registry
-    from .external import implementation_from_recipe
+    from harness.backends.external import implementation_from_recipe
+    from harness.model import registry
 
     if recipe[0] == "registered":
         return registry.REGISTRY[recipe[1]]
@@ -267,8 +267,8 @@ def serve(descriptor: int) -> None:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(limits=blas_threads)
-    from .core import Matmul, check_result, tried_to_write_inputs
-    from .timing import time_cpu
+    from harness.model.core import Matmul, check_result, tried_to_write_inputs
+    from harness.model.timing import time_cpu
 
     def fail(error: BaseException) -> None:
         text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import files
-from .inputs import parse_shape
-from .render import short_shape
+from harness.env import files
+from harness.model.inputs import parse_shape
+from harness.run.render import short_shape
 
 if TYPE_CHECKING:
-    from .results import Results
+    from harness.run.results import Results
 
 
 def plot(results: "Results", path, title: str | None = None) -> Path:

@@ -20,8 +20,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .inputs import bfloat16_dtype
-from .timing import Timing
+from harness.model.inputs import bfloat16_dtype
+from harness.model.timing import Timing
 
 # Vendor datasheet figures (dense, no sparsity): FP32 SIMT and BF16/FP16 tensor-core GFLOP/s,
 # and HBM bandwidth in GB/s. Matched against the device name, first match wins.
@@ -152,7 +152,7 @@ class DeviceProblem:
         self.terms_norm = torch.sqrt(torch.matmul(a64 * a64, b64 * b64))
 
     def reference(self):
-        from .checking import Reference
+        from harness.model.checking import Reference
 
         return Reference(self.product.cpu().numpy(), self.terms_norm.cpu().numpy())
 
@@ -160,7 +160,7 @@ class DeviceProblem:
         """``checking.check``'s verdict on ``result``, computed on the GPU."""
         import torch
 
-        from .checking import CheckOutcome, compare_elements
+        from harness.model.checking import CheckOutcome, compare_elements
 
         result = np.asarray(result)
         expected = tuple(self.product.shape)

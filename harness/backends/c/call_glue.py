@@ -22,10 +22,10 @@ overhead is as long as the kernel (``pytest --benchmark-only -k call_overhead`` 
 
 CMakeLists.txt runs this file as a script to write the module's C source (it imports nothing
 from the harness, so it runs before the package is installed), compiles it against the library
-and puts it beside it; harness/clib.py imports it when it is there and falls back to
+and puts it beside it; harness/backends/c/clib.py imports it when it is there and falls back to
 ``ffi.dlopen`` when it is not (no Python headers or no cffi at build time).
 
-    python harness/call_glue.py c build/_matmul_glue.c
+    python harness/backends/c/call_glue.py c build/_matmul_glue.c
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def write_module_source(folder: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: python harness/call_glue.py c OUT.c")
+        sys.exit("usage: python harness/backends/c/call_glue.py c OUT.c")
     try:
         write_module_source(Path(sys.argv[1]), Path(sys.argv[2]))
     except DeclarationError as error:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import MatmulInputError
+from harness.model.errors import MatmulInputError
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ import os
 
 import numpy as np
 
-from .. import clib
-from ..core import Backend, BrokenError, Implementation, MatmulInputError, Prepared, UnavailableError
-from ..interrupts import call_interruptibly
-from ..registry import register
+from harness.backends.c import clib
+from harness.env.cores import usable_cores
+from harness.env.interrupts import call_interruptibly
+from harness.model.core import Backend, BrokenError, Implementation, MatmulInputError, Prepared, UnavailableError
+from harness.model.registry import register
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 
@@ -208,20 +209,12 @@ _PACKED_ERRORS = {
 _PATH_ERROR = 4  # the vector path asked for a shape with neither M = 1 nor N = 1
 
 
-def default_threads() -> int:
-    """The cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def thread_option(impl, options) -> int:
     """The ``threads`` option of a threaded implementation: a whole number >= 1, or every core
     this process may run on where it is None."""
     threads = options.get("threads")
     if threads is None:
-        return default_threads()
+        return usable_cores()
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise ValueError(f"{impl.name}: threads must be an integer >= 1 (or None for every core), got {threads!r}")
     return int(threads)
@@ -229,10 +222,8 @@ def thread_option(impl, options) -> int:
 
 def variants_text(name: str, prefix: str) -> str:
     """What a variant-choosing kernel runs here, for `list` and the table's notes."""
-    return (
-        f"runs its {resolved_variant(name, 'auto', prefix)} variant (variant= takes "
-        f"{', '.join(supported_variants(prefix))} here); called through {clib.call_mode()}"
-    )
+    variants = ", ".join(supported_variants(prefix))
+    return f"{resolved_variant(name, 'auto', prefix)} kernels (variant= takes {variants}); {clib.call_mode()}"
 
 
 def supported_variants(prefix: str = "matmul_packed") -> list[str]:

@@ -20,7 +20,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # harness/ (this file is harness/env/sources.py)
 _CHECKOUT_ROOT = PACKAGE_DIR.parent
 _INSTALLED_SOURCES = PACKAGE_DIR / "_sources"
 
@@ -72,7 +72,9 @@ def warn_if_shadowed() -> None:
     import warnings
 
     for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        candidate = Path(entry or ".") / "harness" / "__init__.py"
+        if not entry:
+            continue
+        candidate = Path(entry) / "harness" / "__init__.py"
         try:
             other = candidate.resolve(strict=True).parent
         except OSError:
