@@ -57,24 +57,9 @@
 //
 // Launch (read by the harness: harness/backends/cuda/plans.py): WARPS warps per block, each on
 // ROWS * 32 / LANES_PER_ROW rows of W; blockIdx.y = which MT rows of X.
-// @launch decode_q4_0_m1 grid (cdiv(N, WARPS * ROWS_Q4_0 * 32 / LANES_PER_ROW), cdiv(M, 1)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 0
-// @launch decode_q4_0_m4 grid (cdiv(N, WARPS * ROWS_Q4_0 * 32 / LANES_PER_ROW), cdiv(M, 4)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 4 * STAGE * PADDED * 16
-// @launch decode_q4_0_m16 grid (cdiv(N, WARPS * ROWS_Q4_0 * 32 / LANES_PER_ROW_M16), cdiv(M, 16)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 16 * STAGE_M16 * PADDED * 16
-// @launch decode_q8_0_m1 grid (cdiv(N, WARPS * ROWS_Q8_0 * 32 / LANES_PER_ROW), cdiv(M, 1)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 0
-// @launch decode_q8_0_m4 grid (cdiv(N, WARPS * ROWS_Q8_0 * 32 / LANES_PER_ROW), cdiv(M, 4)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 4 * STAGE * PADDED * 16
-// @launch decode_q8_0_m16 grid (cdiv(N, WARPS * ROWS_Q8_0 * 32 / LANES_PER_ROW_M16), cdiv(M, 16)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 16 * STAGE_M16 * PADDED * 16
-// @launch decode_bf16_m1 grid (cdiv(N, WARPS * ROWS_BF16 * 32 / LANES_PER_ROW), cdiv(M, 1)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 0
-// @launch decode_bf16_m4 grid (cdiv(N, WARPS * ROWS_BF16 * 32 / LANES_PER_ROW), cdiv(M, 4)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 4 * STAGE * PADDED * 16
-// @launch decode_bf16_m16 grid (cdiv(N, WARPS * ROWS_BF16 * 32 / LANES_PER_ROW_M16), cdiv(M, 16)) block (WARPS * 32)
-//         args (A, B, C, M, N, K) static_shared 16 * STAGE_M16 * PADDED * 16
+// @launch decode_{0}_m{1} for each DECODE_KERNELS
+//         grid (cdiv(N, WARPS * ROWS_{0} * 32 / LANES_M{1}), cdiv(M, {1})) block (WARPS * 32)
+//         args (A, B, C, M, N, K) static_shared STAGE_BYTES_M{1}
 //
 // Buffers: A = the prepared weights (uint8), B = X [M, K] float32, C = Y [M, N] float32.
 
@@ -82,9 +67,9 @@
 #include <stdint.h>
 
 #define WARPS 4      // warps per block
-#define ROWS_Q4_0 4  // rows of W a lane works on at once (16-byte loads in flight per lane)
-#define ROWS_Q8_0 2
-#define ROWS_BF16 2
+#define ROWS_q4_0 4  // rows of W a lane works on at once (16-byte loads in flight per lane)
+#define ROWS_q8_0 2
+#define ROWS_bf16 2
 #define BLOCK 32  // weights per block along K
 // Lanes that share a row: 1 for K < 128 (up to 3 blocks), 8 for K < 1024, else the warp (half
 // of it in the 16-row kernels, whose stages of X hold fewer blocks).
@@ -100,13 +85,13 @@ enum Format { Q4_0, Q8_0, BF16 };
 
 template <int F> struct Traits;
 template <> struct Traits<Q4_0> {
-    static constexpr int rows = ROWS_Q4_0, vecs = 1;
+    static constexpr int rows = ROWS_q4_0, vecs = 1;
 };  // 16 bytes of quants
 template <> struct Traits<Q8_0> {
-    static constexpr int rows = ROWS_Q8_0, vecs = 2;
+    static constexpr int rows = ROWS_q8_0, vecs = 2;
 };  // 32 bytes
 template <> struct Traits<BF16> {
-    static constexpr int rows = ROWS_BF16, vecs = 4;
+    static constexpr int rows = ROWS_bf16, vecs = 4;
 };  // 64 bytes
 
 __device__ __forceinline__ float scale_of(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
@@ -361,56 +346,35 @@ __device__ __forceinline__ void decode_mt(const uint8_t* __restrict__ Wp, const 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    decode_q4_0_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                       int K) {
-    decode_m1<Q4_0>(W, X, Y, N, K);
+// The kernels, one per weight format and rows of X per pass (MT), all made from this one list:
+// the wrappers below (DECODE_KERNEL), their @launch declarations above, and the names the
+// harness gives the emulation (harness/backends/cuda/plans.py and emulation.py read it).
+#define DECODE_KERNELS(X)                                                                                              \
+    X(q4_0, 1) X(q4_0, 4) X(q4_0, 16) X(q8_0, 1) X(q8_0, 4) X(q8_0, 16) X(bf16, 1) X(bf16, 4) X(bf16, 16)
+
+// Lanes per row of W and bytes of X staged in shared memory, by MT.
+#define LANES_M1 LANES_PER_ROW
+#define LANES_M4 LANES_PER_ROW
+#define LANES_M16 LANES_PER_ROW_M16
+#define STAGE_BYTES_M1 0
+#define STAGE_BYTES_M4 (4 * STAGE * PADDED * 16)
+#define STAGE_BYTES_M16 (16 * STAGE_M16 * PADDED * 16)
+#define FORMAT_q4_0 Q4_0
+#define FORMAT_q8_0 Q8_0
+#define FORMAT_bf16 BF16
+
+template <int F, int MT>
+__device__ __forceinline__ void decode_rows(const uint8_t* __restrict__ W, const float* __restrict__ X,
+                                            float* __restrict__ Y, int M, int N, int K) {
+    if constexpr (MT == 1)
+        decode_m1<F>(W, X, Y, N, K);
+    else
+        decode_mt<F, MT>(W, X, Y, M, N, K);
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    decode_q4_0_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                       int K) {
-    decode_mt<Q4_0, 4>(W, X, Y, M, N, K);
-}
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    decode_q4_0_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                        int K) {
-    decode_mt<Q4_0, 16>(W, X, Y, M, N, K);
-}
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    decode_q8_0_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                       int K) {
-    decode_m1<Q8_0>(W, X, Y, N, K);
-}
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    decode_q8_0_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                       int K) {
-    decode_mt<Q8_0, 4>(W, X, Y, M, N, K);
-}
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    decode_q8_0_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                        int K) {
-    decode_mt<Q8_0, 16>(W, X, Y, M, N, K);
-}
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    decode_bf16_m1_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                       int K) {
-    decode_m1<BF16>(W, X, Y, N, K);
-}
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    decode_bf16_m4_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                       int K) {
-    decode_mt<BF16, 4>(W, X, Y, M, N, K);
-}
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    decode_bf16_m16_f32(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N,
-                        int K) {
-    decode_mt<BF16, 16>(W, X, Y, M, N, K);
-}
+#define DECODE_KERNEL(fmt, mt)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) decode_##fmt##_m##mt##_f32(                               \
+        const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int M, int N, int K) {      \
+        decode_rows<FORMAT_##fmt, mt>(W, X, Y, M, N, K);                                                               \
+    }
+DECODE_KERNELS(DECODE_KERNEL)

@@ -216,6 +216,6 @@ def test_decode_registers_fit_its_block_and_the_m1_kernels_keep_w_in_flight():
     for fmt, quant_bytes in (("q4_0", 16), ("q8_0", 32), ("bf16", 64)):
         allocated = -(-registers[f"decode_{fmt}_m1_f32"] // 8) * 8  # per thread, in units of 8
         blocks_per_sm = min(65536 // (allocated * 128), 16)  # 64 warps at most
-        in_flight = blocks_per_sm * 128 * 2 * int(defines[f"ROWS_{fmt.upper()}"]) * quant_bytes
+        in_flight = blocks_per_sm * 128 * 2 * int(defines[f"ROWS_{fmt}"]) * quant_bytes
         assert in_flight >= 64 * 1024, (fmt, registers, in_flight)
     assert max(registers.values()) <= 255, log

@@ -301,3 +301,23 @@ def test_a_launch_declaration_that_cannot_be_read_says_where(tmp_path, monkeypat
     (tmp_path / "cuda" / "two.cu").write_text("// @launch two grid (cdiv(N, TILE)) block (32) args (A, B, C, N, K)\n")
     with pytest.raises(plans.LaunchDeclarationError, match=r"cuda/two.cu: @launch two grid: TILE is not"):
         plans.plan("two", "float32", 1, 17, 5)
+
+
+def test_a_kernel_family_is_declared_and_named_once_from_its_x_macro_list():
+    """decode.cu's formats x rows: one list makes the wrappers, their launches and the names
+    the emulation registers; a declaration over a list the file lacks says which."""
+    from harness.backends.cuda import emulation, plans
+
+    text = (
+        "// @launch k_{0}_m{1} for each KERNELS grid (cdiv(N, {1})) block (32) args (A, B, C, M, N, K)\n"
+        "#define KERNELS(X) \\\n    X(a, 1) X(b, 4)\n"
+        '#define KERNEL(f, mt) extern "C" __global__ void k_##f##_m##mt##_f32(float* A) { go<mt>(A); }\n'
+        "KERNELS(KERNEL)\n"
+        'extern "C" __global__ void plain_f32(float* A) {}\n'
+    )
+    specs = plans.launch_declarations("family.cu", text)
+    assert [spec.technique for spec in specs] == ["k_a_m1", "k_b_m4"]
+    assert specs[1].evaluate("grid", {"M": 1, "N": 10, "K": 1}) == 3
+    assert emulation.kernel_names(text) == ["plain_f32", "k_a_m1_f32", "k_b_m4_f32"]
+    with pytest.raises(plans.LaunchDeclarationError, match=r"no `#define OTHER\(X\)"):
+        plans.launch_declarations("family.cu", text.replace("for each KERNELS", "for each OTHER"))

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.backends.c.clib import interprocess_lock
-from harness.backends.cuda import tensormap
+from harness.backends.cuda import plans, tensormap
 from harness.backends.cuda.plans import Launch, TensorMapArg
 from harness.backends.cuda.toolkit import cache_root, relative_to_sources
 from harness.env import cache, files, sources
@@ -80,8 +80,31 @@ _KERNEL_PATTERN = re.compile(r'extern\s+"C"\s+__global__\s+' + _BOUNDS + r"void\
 
 
 def kernel_names(source_text: str) -> list[str]:
-    """The ``extern "C" __global__`` kernels of a ``.cu`` file, in order."""
-    return _KERNEL_PATTERN.findall(re.sub(r"//[^\n]*|/\*.*?\*/", "", source_text, flags=re.S))
+    """The ``extern "C" __global__`` kernels of a ``.cu`` file, in order: those written out, and
+    those a macro makes once per entry of an X-macro list (``TABLE(KERNEL)``, where
+    ``#define KERNEL(fmt, mt) extern "C" __global__ void decode_##fmt##_m##mt##_f32(...``)."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", source_text, flags=re.S)
+    joined = text.replace("\\\n", " ")
+    names = _KERNEL_PATTERN.findall(re.sub(r"^\s*#define[^\n]*", "", joined, flags=re.M))
+    makers = {
+        macro: ([p.strip() for p in params.split(",")], pattern)
+        for macro, params, pattern in re.findall(
+            r'^\s*#define\s+(\w+)\(([^)]*)\)\s+extern\s+"C"\s+__global__\s+' + _BOUNDS + r"void\s+" + _BOUNDS
+            + r"([\w#]+)\s*\(",
+            joined,
+            flags=re.M,
+        )
+    }  # fmt: skip
+    tables = plans.kernel_tables(text)
+    for table, macro in re.findall(r"^\s*(\w+)\((\w+)\)\s*$", joined, flags=re.M):
+        if table in tables and macro in makers:
+            params, pattern = makers[macro]
+            for entry in tables[table]:
+                name = pattern
+                for param, value in zip(params, entry):
+                    name = re.sub(rf"\b{param}\b|(?<=##){param}|{param}(?=##)", value, name)
+                names.append(name.replace("##", ""))
+    return names
 
 
 def emulation_flags(variant: str = "fibers", sanitize: str | None = None) -> list[str]:

@@ -70,7 +70,9 @@ EMULATED_SMS = 3
 # report for each of its kernels, checked by tests/test_cuda_compile.py). The kernels are
 # ``<technique>_<f32|bf16|f16>``. Expressions are integer arithmetic (+ - * /, where / divides
 # down as C's does) over M, N, K, SMS (the GPU's multiprocessors), the file's #defines and
-# cdiv, min, max.
+# cdiv, min, max. A family of kernels made from one X-macro list (``#define TABLE(X) X(a, 1)
+# X(b, 4) ...``, as decode.cu's formats x rows) is declared once, ``@launch name_{0}_m{1} for
+# each TABLE grid (... ROWS_{0} ...)``: once per entry, with {0}, {1} its arguments.
 
 FIELDS = ("grid", "block", "args", "shared", "static_shared")
 BUFFERS = ("A", "B", "C")
@@ -179,8 +181,8 @@ def launch_declarations(relative: str, text: str) -> list[LaunchSpec]:
         else:
             current = None
     specs = []
-    for parts in found:
-        technique, _, rest = " ".join(parts).partition(" ")
+    for parts in [expanded for parts in found for expanded in _for_each(relative, " ".join(parts), text)]:
+        technique, _, rest = parts.partition(" ")
         pieces = re.split(rf"(?:^|\s+)({'|'.join(FIELDS)})\s+", " " + rest)
         fields = dict(zip(pieces[1::2], pieces[2::2]))
         if not re.fullmatch(r"\w+", technique) or pieces[0].strip() or not {"grid", "block", "args"} <= set(fields):
@@ -190,6 +192,30 @@ def launch_declarations(relative: str, text: str) -> list[LaunchSpec]:
             )
         specs.append(LaunchSpec(technique, relative, fields, defines))
     return specs
+
+
+def kernel_tables(text: str) -> dict[str, list[tuple[str, ...]]]:
+    """The X-macro lists of a .cu file: ``#define NAME(X) X(a, 1) X(b, 4) ...`` gives
+    {NAME: [("a", "1"), ("b", "4"), ...]}, one entry per kernel the file makes from it."""
+    joined = text.replace("\\\n", " ")  # a #define continued over several lines is one line
+    tables = {}
+    for name, body in re.findall(r"^\s*#define\s+(\w+)\(X\)\s+([^\n]*)", joined, flags=re.M):
+        tables[name] = [tuple(arg.strip() for arg in args.split(",")) for args in re.findall(r"\bX\(([^)]*)\)", body)]
+    return tables
+
+
+def _for_each(relative: str, declaration: str, text: str) -> list[str]:
+    """``NAME_{0}_{1} for each TABLE rest``: the declaration once per entry of the file's X-macro
+    list TABLE, its {0}, {1}, ... the entry's arguments (decode.cu's formats x rows); any other
+    declaration as it is."""
+    found = re.match(r"(\S+)\s+for\s+each\s+(\w+)\s+(.*)", declaration, flags=re.S)
+    if not found:
+        return [declaration]
+    pattern, table, rest = found.groups()
+    entries = kernel_tables(text).get(table)
+    if not entries:
+        raise LaunchDeclarationError(f"{relative}: `@launch {pattern} for each {table}`: no `#define {table}(X) ...`")
+    return [f"{pattern} {rest}".format(*entry) for entry in entries]
 
 
 @lru_cache(maxsize=64)
