@@ -181,8 +181,9 @@ def launch_declarations(relative: str, text: str) -> list[LaunchSpec]:
         else:
             current = None
     specs = []
-    for parts in [expanded for parts in found for expanded in _for_each(relative, " ".join(parts), text)]:
-        technique, _, rest = parts.partition(" ")
+    declarations = [each for parts in found for each in _for_each(relative, " ".join(parts), text)]
+    for declaration in declarations:
+        technique, _, rest = declaration.partition(" ")
         pieces = re.split(rf"(?:^|\s+)({'|'.join(FIELDS)})\s+", " " + rest)
         fields = dict(zip(pieces[1::2], pieces[2::2]))
         if not re.fullmatch(r"\w+", technique) or pieces[0].strip() or not {"grid", "block", "args"} <= set(fields):
