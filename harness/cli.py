@@ -6,12 +6,21 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.backends import cuda
+from harness.backends.external import ExternalError, add_external, is_external
 from harness.env import files
+from harness.env.cores import usable_cores
 from harness.env.switches import switch_problems
+from harness.experiments import EXPERIMENTS
 from harness.experiments.arguments import positive_seconds
 from harness.model import registry
 from harness.model.core import run_mode
 from harness.model.inputs import parse_shape, shape_argument
+from harness.model.registry import describe
+from harness.run.compare import compare
+from harness.tooling.headline import write
+from harness.tooling.report import write_report
+from harness.tooling.verdicts import main as judge
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +56,6 @@ def _thread_count_problem(args, command_parser) -> str | None:
     given = getattr(args, "threads", None)
     if given is None or given == command_parser.get_default("threads"):
         return None  # a command's own default is its choice
-    from harness.env.cores import usable_cores
 
     cores = usable_cores()
     lowest = 0 if args.command == "compare" else 1
@@ -87,7 +95,6 @@ def implementation_table(markdown: bool = False) -> str:
         if reason is None:
             mode = run_mode(impl)
             available = "yes" if mode == "native" else f"yes, {mode} on the CPU (checked, not timed)"
-            from harness.model.registry import describe
 
             detail = describe(impl)
             available += f": {detail}" if detail else ""
@@ -103,7 +110,6 @@ def implementation_table(markdown: bool = False) -> str:
 
 def _run_experiment(name: str, out: str, options: dict) -> None:
     """Say what runs and for how long, run it, then say what it found and where it wrote."""
-    from harness.experiments import EXPERIMENTS
 
     module = EXPERIMENTS[name]
     print(f"== {name}: {module.TITLE} ({module.DURATION})", flush=True)
@@ -195,8 +201,6 @@ def main(argv=None) -> int:
     )
     comparing.add_argument("--no-progress", action="store_true")
 
-    from harness.experiments import EXPERIMENTS
-
     for name, module in EXPERIMENTS.items():
         experiment = commands.add_parser(name, help=module.TITLE)
         module.add_arguments(experiment)
@@ -253,7 +257,6 @@ def _refuse_unwritable(parser, paths=(), folders=()) -> None:
 
 def _dispatch(parser, command_parsers, args) -> int:
     """The checks every command shares (switches, --threads), then the command's own function."""
-    from harness.experiments import EXPERIMENTS
 
     for problem in switch_problems():
         parser.error(problem)
@@ -276,8 +279,6 @@ def _experiment_command(parser, args) -> int:
 
 
 def _experiments_command(parser, args) -> int:
-    from harness.experiments import EXPERIMENTS
-    from harness.tooling.report import write_report
 
     _refuse_unwritable(parser, folders=[args.out])
     for name in args.only or EXPERIMENTS:
@@ -287,7 +288,6 @@ def _experiments_command(parser, args) -> int:
 
 
 def _report_command(parser, args) -> int:
-    from harness.tooling.report import write_report
 
     if Path(args.directory).is_dir():  # (a missing one has nothing to report)
         _refuse_unwritable(parser, paths=[str(Path(args.directory) / "REPORT.md")])
@@ -303,7 +303,6 @@ def _report_command(parser, args) -> int:
 
 
 def _headline_command(parser, args) -> int:
-    from harness.tooling.headline import write
 
     _refuse_unwritable(parser, folders=[args.out])
     try:
@@ -316,7 +315,6 @@ def _headline_command(parser, args) -> int:
 
 
 def _verdicts_command(parser, args) -> int:
-    from harness.tooling.verdicts import main as judge
 
     return judge(args.json_files)
 
@@ -327,7 +325,6 @@ def _list_command(parser, args) -> int:
 
 
 def _cuda_info_command(parser, args) -> int:
-    from harness.backends import cuda
 
     try:
         sys.stdout.write(cuda.resource_table(tuple(args.arch or cuda.ARCHS)))
@@ -338,8 +335,6 @@ def _cuda_info_command(parser, args) -> int:
 
 
 def _compare_command(parser, args) -> int:
-    from harness.backends.external import ExternalError, add_external, is_external
-    from harness.run.compare import compare
 
     try:  # your own implementations, FILE:FUNCTION, join the registry under their names
         args.impls = [add_external(spec) if is_external(spec) else spec for spec in args.impls or []] or None

@@ -18,7 +18,7 @@ import numpy as np
 from harness.backends.c import VARIANTS, CCall, clib, resolved_variant, supported_variants, thread_option, variants_text
 from harness.env.sources import load_python_source
 from harness.model.core import Backend, BrokenError, Implementation, MatmulInputError, Prepared
-from harness.model.quant import FORMATS, QuantizedWeights
+from harness.model.quant import FORMATS, QuantizedWeights, quantize
 from harness.model.registry import register
 
 WEIGHTS = ("q8_0", "q4_0", "bf16")
@@ -247,6 +247,5 @@ INT8_IMPLEMENTATION = register(
 def quantized_activations(x: np.ndarray) -> np.ndarray:
     """X [M, K] as c.decode_int8 multiplies it: each 32-wide block of each row quantized to
     q8_0 (quant.quantize: ggml's bytes) and dequantized, float32."""
-    from harness.model.quant import quantize
 
     return quantize(np.ascontiguousarray(x, dtype=np.float32), "q8_0").dequantize()

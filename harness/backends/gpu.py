@@ -20,6 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from harness.model.checking import CheckOutcome, Reference, compare_elements
 from harness.model.inputs import bfloat16_dtype
 from harness.model.timing import Timing
 
@@ -152,15 +153,12 @@ class DeviceProblem:
         self.terms_norm = torch.sqrt(torch.matmul(a64 * a64, b64 * b64))
 
     def reference(self):
-        from harness.model.checking import Reference
 
         return Reference(self.product.cpu().numpy(), self.terms_norm.cpu().numpy())
 
     def check(self, result: np.ndarray):
         """``checking.check``'s verdict on ``result``, computed on the GPU."""
         import torch
-
-        from harness.model.checking import CheckOutcome, compare_elements
 
         result = np.asarray(result)
         expected = tuple(self.product.shape)

@@ -28,6 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from harness.backends.torch_int4 import int4_operands
 from harness.model.core import Backend, Implementation, Prepared
 from harness.model.registry import register
 
@@ -248,8 +249,6 @@ class TorchCpuBackend(Backend):
 class _TorchInt4Prepared(Prepared):
     def __init__(self, x: np.ndarray, weights, threads):
         import torch
-
-        from harness.backends.torch_int4 import int4_operands  # the GPU peer's reading of q4_0 as nibbles and scales
 
         if threads is not None:
             torch.set_num_threads(int(threads))

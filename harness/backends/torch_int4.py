@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.backends import gpu
+from harness.backends.decode import decode_inputs
 from harness.model.core import Backend, Implementation, MatmulInputError, Prepared
 from harness.model.registry import register
 from harness.model.timing import Timing
@@ -92,7 +93,6 @@ class TorchInt4Backend(Backend):
         return None
 
     def prepare(self, impl, a, b, options):
-        from harness.backends.decode import decode_inputs
 
         x, w = decode_inputs(impl, a, b)
         if w.k % (GROUP * INNER_K_TILES) or w.n % 8:

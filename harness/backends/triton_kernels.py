@@ -35,6 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from harness.backends import gpu
+from harness.backends.decode import decode_inputs
 from harness.backends.gpu import to_numpy
 from harness.env.sources import load_python_source
 from harness.model.core import Backend, BrokenError, Implementation, Prepared
@@ -420,8 +421,6 @@ class TritonDecodeBackend(TritonBackend):
 
     def prepare(self, impl, a, b, options):
         import torch
-
-        from harness.backends.decode import decode_inputs
 
         x, w = decode_inputs(impl, a, b)
         module = load_source(impl.source)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.backends.gpu import time_cuda
+from harness.experiments.arguments import count_at_least
 from harness.experiments.common import pyplot, require_a_device, say, wanted, write
 from harness.model.inputs import make_inputs
 from harness.model.timing import time_cpu
+from harness.run.plotting import readable_log_ticks
 from harness.run.render import format_time, rate_text
 
 NAME = "association"
@@ -21,7 +24,6 @@ DURATION = "about 10 seconds"  # on a 2-core machine, said before it starts
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import count_at_least
 
     parser.add_argument("--size", type=count_at_least(1), default=4096, help="the inner sizes (default 4096)")
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1)")
@@ -67,7 +69,6 @@ def run(out_dir, size: int = 4096, threads: int = 1) -> dict:
 
 def figure(data: dict):
     """Each order's time, as labelled bars (log scale: the two differ by orders of magnitude)."""
-    from harness.run.plotting import readable_log_ticks
 
     rows, size = data["rows"], data["size"]
     plt = pyplot()
@@ -122,8 +123,6 @@ def _agree(x: np.ndarray, y: np.ndarray, size: int) -> bool:
 
 def _gpu_rows(a, b, c, counts) -> list[dict]:
     import torch
-
-    from harness.backends.gpu import time_cuda  # CUDA events, L2 flushed, as every GPU row
 
     ta, tb, tc = (torch.from_numpy(x).cuda() for x in (a, b, c))
     rows = []

@@ -31,6 +31,9 @@ import sys
 import time
 from typing import Sequence
 
+from harness.backends.peers import blis_description
+from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
+from harness.experiments.common import pyplot, write
 from harness.model.checking import check, reference
 from harness.model.core import Matmul
 from harness.model.inputs import Shape, make_inputs, parse_shape
@@ -70,7 +73,6 @@ TARGET_SMALL = 0.7  # at 64^3
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
 
     parser.add_argument(
         "--shapes",
@@ -97,7 +99,6 @@ PEERS = {"blis": "blis.gemm", "torch": "torch.cpu"}
 
 def blis_kernel() -> str | None:
     """Which BLIS runs and its kernel set (haswell, skx, zen3, generic...), or None without one."""
-    from harness.backends.peers import blis_description
 
     return blis_description()
 
@@ -193,7 +194,6 @@ def run(
     sample_time: float = 0.05,
     progress=None,
 ) -> dict:
-    from harness.experiments.common import write
 
     if progress is None and sys.stderr.isatty():
         progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -299,7 +299,6 @@ def findings(data: dict) -> list[str]:
 
 
 def _figure(data: dict):
-    from harness.experiments.common import pyplot
 
     plt = pyplot()
     from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullLocator

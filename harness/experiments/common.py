@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.backends import gpu
 from harness.env import files
 from harness.model.checking import check
 from harness.model.core import (
@@ -212,7 +213,6 @@ def gpu_peaks() -> dict | None:
     use); None without a GPU or for a GPU the table does not know."""
     if not gpu_present():
         return None
-    from harness.backends import gpu
 
     peaks = gpu.device_peaks()
     if not peaks:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.experiments.arguments import shape_without_zeros
 from harness.experiments.common import gpu_present, say
 from harness.run.compare import compare
 from harness.run.render import format_time, rate_text, ratio_text
@@ -19,7 +20,6 @@ GPU_SHAPES = ("1024", "2048", "4096", "8192", "1x8192x8192", "1x16384x16384")
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import shape_without_zeros
 
     parser.add_argument(
         "--shapes",

@@ -19,6 +19,7 @@ user would pick (NumPy, BLIS, torch for float32; ggml where installed) run besid
 
 from __future__ import annotations
 
+from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
 from harness.experiments.common import pyplot, say, write
 from harness.model.inputs import parse_shape
 from harness.model.registry import REGISTRY
@@ -41,7 +42,6 @@ OURS = ("c.decode", "c.decode_int8", "c.packed")  # c.packed: the float32 GEMV t
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import count_at_least, positive_seconds
 
     parser.add_argument("--shapes", nargs="+", type=_decode_shape, default=list(SHAPES), help="M = 1 shapes, 1xNxK")
     parser.add_argument("--batches", nargs="+", type=count_at_least(1), default=list(BATCHES), help="batch sizes M")
@@ -53,8 +53,6 @@ def add_arguments(parser) -> None:
 def _decode_shape(text: str) -> str:
     """--shapes: 1xNxK, N and K 1 or more."""
     import argparse
-
-    from harness.experiments.arguments import shape_without_zeros
 
     if parse_shape(shape_without_zeros(text)).m != 1:
         raise argparse.ArgumentTypeError(f"invalid decode shape {text!r}: expected M = 1, 1xNxK")

@@ -8,6 +8,7 @@ result, once each) against the bandwidth the memory can deliver.
 
 from __future__ import annotations
 
+from harness.experiments.arguments import shape_without_zeros
 from harness.experiments.common import (
     cpu_bandwidth_gbps,
     gpu_peaks,
@@ -30,7 +31,6 @@ GPU_SHAPES = ("1x8192x8192", "1x16384x16384")
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import shape_without_zeros
 
     parser.add_argument(
         "--cpu-shapes", nargs="+", type=shape_without_zeros, default=list(CPU_SHAPES), help="CPU GEMV shapes, 1xNxK"

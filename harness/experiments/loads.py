@@ -10,6 +10,7 @@ device's per-block limit.
 from __future__ import annotations
 
 from harness.env.sources import load_python_source
+from harness.experiments.arguments import count_at_least
 from harness.experiments.common import gpu_present, pyplot, write
 from harness.model.checking import check
 from harness.model.inputs import make_inputs
@@ -49,7 +50,6 @@ def shared_memory_limits() -> dict:
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import count_at_least
 
     parser.add_argument("--size", type=count_at_least(1), default=256, help="square size (default 256)")
     parser.add_argument("--tiles", type=count_at_least(1), nargs="+", default=[4, 8, 16, 32])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.experiments.arguments import count_at_least
 from harness.experiments.common import measure, pyplot, say, timed_once, write
 from harness.model.checking import check
 from harness.model.core import Matmul
@@ -28,7 +29,6 @@ C_ORDERS = ("c.naive_ijk", "c.naive_ikj", "c.blocked", "c.packed")
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import count_at_least
 
     parser.add_argument(
         "--size", type=count_at_least(1), default=512, help="square size (default 512; pure Python takes minutes)"

@@ -10,6 +10,7 @@ units, and the bandwidth one core sustains copying a large buffer. GPU roofs: th
 
 from __future__ import annotations
 
+from harness.experiments.arguments import shape_without_zeros
 from harness.experiments.common import (
     cpu_bandwidth_gbps,
     gpu_peaks,
@@ -23,6 +24,7 @@ from harness.experiments.common import (
 )
 from harness.model.registry import REGISTRY, implementations
 from harness.run import machine
+from harness.run.plotting import readable_log_ticks
 from harness.run.render import rate_text
 
 NAME = "roofline"
@@ -35,7 +37,6 @@ GPU_SHAPES = {"gemm": "4096", "gemv": "1x16384x16384"}
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import shape_without_zeros
 
     parser.add_argument(
         "--cpu-gemm", type=shape_without_zeros, default=CPU_SHAPES["gemm"], help="CPU GEMM shape (default 1024)"
@@ -93,7 +94,6 @@ def run(out_dir, cpu_gemm: str = CPU_SHAPES["gemm"]) -> dict:
 
 def figure(data: dict):
     """Each device's roofs and the measured points, on log-log axes."""
-    from harness.run.plotting import readable_log_ticks
 
     roofs, points = data["roofs"], data["points"]
     plt = pyplot()

@@ -9,8 +9,10 @@ OpenBLAS's blocking.
 
 from __future__ import annotations
 
+from harness.experiments.arguments import count_at_least
 from harness.experiments.common import inputs, measure, pyplot, require_a_device, say, wanted, write
 from harness.model.registry import REGISTRY
+from harness.run.plotting import readable_log_ticks
 from harness.run.render import format_time
 
 NAME = "tile-quantization"
@@ -23,7 +25,6 @@ GPU_IMPLS = ("torch.cublas", "triton.matmul", "cuda.register_tiled", "cuda.wmma"
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import count_at_least
 
     parser.add_argument("--size", type=count_at_least(1), default=4096, help="N = K (default 4096)")
     parser.add_argument("--m", type=count_at_least(1), nargs="+", default=list(M_VALUES))
@@ -73,7 +74,6 @@ def figure(data: dict):
                 axis.axvline(i - 0.5, color="grey", linestyle=":", linewidth=1)
         axis.set_xticks(range(len(m_values)), [str(m) for m in m_values])
         axis.set_xlabel("M (dotted: a multiple of 128 crossed)")
-    from harness.run.plotting import readable_log_ticks
 
     left.set_yscale("log")
     readable_log_ticks(left.yaxis)

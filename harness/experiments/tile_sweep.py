@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.env import files
+from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
 from harness.model.checking import check, reference
 from harness.model.core import InputGuard, Matmul, wrote_inputs_message
 from harness.model.inputs import Shape, make_inputs, parse_shape
@@ -101,7 +102,6 @@ def _where(size: int, caches: dict) -> str:
 
 
 def add_arguments(parser) -> None:
-    from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
 
     parser.add_argument(
         "--shape",

@@ -47,7 +47,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from harness.model.activation_error import extra_allowed
 from harness.model.inputs import dtype_name, numpy_dtype
+from harness.model.quant import QuantizedWeights
 
 ACCUMULATES_IN = {"float16": "float32", "bfloat16": "float32"}
 SAFETY = 4.0
@@ -117,7 +119,6 @@ def check(result, a, b, ref=None, *, activation_rounding: str | None = None) -> 
     ``b`` may be decode weights (``harness.quant.quantize(w, "q8_0")``, W [N, K]): the result
     is then Y = X @ W^T, checked against X times the weights the format holds
     (``b.dequantize()``, exact in float32), as a comparison checks its decode rows."""
-    from harness.model.quant import QuantizedWeights
 
     a = np.asarray(a)
     if isinstance(b, QuantizedWeights):
@@ -139,8 +140,6 @@ def check(result, a, b, ref=None, *, activation_rounding: str | None = None) -> 
         return CheckOutcome(True, 0.0, "empty result")
     extra = None
     if activation_rounding is not None:
-        from harness.model.activation_error import extra_allowed
-
         extra = extra_allowed(a, b, activation_rounding)
     return compare_elements(np, result.astype(np.float64), ref.product, ref.terms_norm, a.dtype, a.shape[1], extra)
 

@@ -26,6 +26,7 @@ import numpy as np
 from harness.env.switches import switch
 from harness.model.errors import BrokenError, MatmulInputError, ResultError, UnavailableError
 from harness.model.inputs import Shape, dtype_name, numpy_dtype
+from harness.model.quant import QuantizedWeights
 from harness.model.timing import Timing
 
 ALLOW_SLOW_ENV = "MATMUL_ALLOW_SLOW"
@@ -302,7 +303,6 @@ def validate_inputs(impl: Implementation, a, b, allow_slow: bool | None = None) 
 
 def is_quantized(b) -> bool:
     """Whether ``b`` is a decode problem's weights (quant.QuantizedWeights) rather than a float B."""
-    from harness.model.quant import QuantizedWeights
 
     return isinstance(b, QuantizedWeights)
 

@@ -17,7 +17,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from harness.backends import gpu
 from harness.backends.external import add_external, external_recipe, is_external
+from harness.backends.gpu import DeviceProblem
+from harness.env.cores import usable_cores
 from harness.model.checking import Reference, check, reference_data
 from harness.model.core import (
     InputGuard,
@@ -28,6 +31,7 @@ from harness.model.core import (
     wrote_inputs_message,
 )
 from harness.model.inputs import Shape, dtype_name, make_inputs, parse_shape
+from harness.model.quant import format_of, quantize
 from harness.model.registry import REGISTRY, describe, implementations
 from harness.model.timing import SETTLE_SECONDS, Timing, time_cpu
 from harness.run import machine
@@ -73,7 +77,6 @@ FLOAT_WEIGHTS = "float32"  # a decode problem's unquantized weights: the plain p
 
 def _weight_formats(weights, baselines: bool) -> list[str]:
     """The decode problems' weight formats, validated ([] for a plain comparison)."""
-    from harness.model.quant import format_of
 
     if weights is None:
         return []
@@ -147,8 +150,6 @@ def compare(
     ):
         raise ValueError(f"min_time must be a finite number of seconds > 0, got {min_time!r}")
     if threads is not None:
-        from harness.env.cores import usable_cores
-
         cores = usable_cores()
         if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= cores:
             raise ValueError(
@@ -224,7 +225,6 @@ GPU_REFERENCE_MIN_FLOPS = 2 * 1024**3
 
 
 def _reference_on_gpu(flops: float, devices) -> bool:
-    from harness.backends import gpu
 
     return flops >= GPU_REFERENCE_MIN_FLOPS and "gpu" in devices and gpu.available()
 
@@ -232,7 +232,6 @@ def _reference_on_gpu(flops: float, devices) -> bool:
 def reference_for(a: np.ndarray, b: np.ndarray, devices) -> Reference:
     """The float64 reference of ``a @ b`` (``checking.Reference``): on the GPU when GPU implementations will be
     checked against it, a GPU is here and the problem is big; else NumPy's on the host."""
-    from harness.backends import gpu
 
     if _reference_on_gpu(2 * a.shape[0] * a.shape[1] * b.shape[1], devices):
         return gpu.reference(a, b)
@@ -242,7 +241,6 @@ def reference_for(a: np.ndarray, b: np.ndarray, devices) -> Reference:
 def _gpu_info() -> dict:
     """The device, and its memory roof measured now beside the datasheet's (GEMV rows are
     scored against both)."""
-    from harness.backends import gpu
 
     info = gpu.device_info()
     info["copy_bandwidth_gbps"] = round(gpu.copy_bandwidth_gbps(), 1)
@@ -254,8 +252,6 @@ def _threads_used(impl, threads: int | None, run_options: dict) -> int:
     if impl.threaded:
         chosen = run_options.get("threads")
         if chosen is None:
-            from harness.env.cores import usable_cores
-
             return usable_cores()
         return int(chosen)
     if impl.baseline:
@@ -294,8 +290,6 @@ class _Problem:
         a, b = make_inputs(self.shape, self.dtype, self.seed)
         a.flags.writeable = False
         if self.quantized:
-            from harness.model.quant import quantize
-
             w = quantize(np.ascontiguousarray(b.T), self.weights)  # raises MatmulInputError (K % 32) for all rows
             self._float_b = w.dequantize().T
             return a, w
@@ -310,8 +304,6 @@ class _Problem:
             # Before any row runs: no implementation can have touched what it is computed from.
             a, b = self._inputs[0], self._float_b
             if _reference_on_gpu(self.shape.flops, self.devices) and not self.quantized:
-                from harness.backends.gpu import DeviceProblem
-
                 self._reference = DeviceProblem(a, b)
             else:
                 self._reference = reference_data(a, b)

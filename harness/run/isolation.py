@@ -41,9 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.backends.external import external_recipe, implementation_from_recipe, spec_text
 from harness.env.interrupts import WAIT_SLICE_S  # how often the waiting parent lets a Ctrl-C in
-from harness.model.core import Implementation, InputGuard
-from harness.model.timing import Timing
+from harness.model import registry
+from harness.model.core import Implementation, InputGuard, Matmul, check_result, tried_to_write_inputs
+from harness.model.timing import Timing, time_cpu
 
 START_LIMIT_S = 60.0  # starting Python, importing the harness and loading the kernel
 
@@ -116,7 +118,6 @@ class Worker:
     def __init__(
         self, impl: Implementation, options: dict, allow_slow: bool | None = None, blas_threads: int | None = None
     ):
-        from harness.backends.external import external_recipe, spec_text
 
         self.name = spec_text(impl) if external_recipe(impl) else impl.name  # as the user named it
         self._recipe = recipe(impl)
@@ -228,14 +229,11 @@ class Worker:
 # ---- the worker's side ---------------------------------------------------------------------
 def recipe(impl: Implementation) -> tuple:
     """What a worker needs to make ``impl`` again: a user's file and function, or a name."""
-    from harness.backends.external import external_recipe
 
     return external_recipe(impl) or ("registered", impl.name)
 
 
 def _implementation(recipe: tuple) -> Implementation:
-    from harness.backends.external import implementation_from_recipe
-    from harness.model import registry
 
     if recipe[0] == "registered":
         return registry.REGISTRY[recipe[1]]
@@ -267,8 +265,6 @@ def serve(descriptor: int) -> None:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(limits=blas_threads)
-    from harness.model.core import Matmul, check_result, tried_to_write_inputs
-    from harness.model.timing import time_cpu
 
     def fail(error: BaseException) -> None:
         text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

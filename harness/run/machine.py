@@ -8,6 +8,10 @@ import sys
 from functools import lru_cache
 from importlib import metadata
 
+from harness.backends.c import clib
+from harness.env import files
+from harness.env.cache import user_cache_root
+
 SIMD_FLAGS = (
     "sse4_2",
     "avx",
@@ -80,8 +84,6 @@ def versions() -> dict[str, str]:
 def measured_clock_ghz() -> float | None:
     """The core clock measured by the C library (None if the library cannot be loaded)."""
     try:
-        from harness.backends.c import clib
-
         _, lib = clib.load()
         return float(lib.matmul_measure_clock_ghz())
     except Exception:
@@ -118,8 +120,6 @@ def measured_fma_roofs() -> dict | None:
     clock and SIMD width allow (``roof_bound``) is dropped for the one measured now.
     """
     try:
-        from harness.backends.c import clib
-
         ffi, lib = clib.load()
         # looked up here: a library that is not ours (MATMUL_C_LIBRARY) loads, and lacks them
         measure_fma, measure_read = lib.matmul_measure_fma_gflops, lib.matmul_measure_read_gbps
@@ -268,8 +268,6 @@ def remember_roofs(key: str, measured: dict, bounds: dict | None = None) -> dict
     silently undo a user's own arrangement; the roofs measured now serve this process."""
     import json
 
-    from harness.env import files
-
     cache = _roof_cache_path()
     bounds = bounds or {}
     if cache.is_symlink():
@@ -304,8 +302,6 @@ def memory_roof_gbps(threads: int = 1) -> float | None:
     if threads <= 1:
         return memory_read_gbps()
     try:
-        from harness.backends.c import clib
-
         ffi, lib = clib.load()
         measure = lib.matmul_measure_read_gbps_threads
     except Exception:
@@ -322,7 +318,6 @@ def memory_roof_gbps(threads: int = 1) -> float | None:
 
 
 def _roof_cache_path():
-    from harness.env.cache import user_cache_root
 
     return user_cache_root() / "cpu-roofs.json"
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness.env import files
 from harness.model.inputs import parse_shape
+from harness.run.plotting import readable_log_ticks
 from harness.run.render import format_time, rate_text, ratio_text, short_shape
 
 LADDERS = ("python", "c", "cuda", "triton")  # our implementations; every other language is a library
@@ -146,8 +147,6 @@ def figure(lines: list[Line], path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from harness.run.plotting import readable_log_ticks
 
     shown = [line for line in lines if line.best.get("speedup") and line.first.get("speedup")]
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(shown) + 1.6))

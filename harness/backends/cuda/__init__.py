@@ -37,6 +37,7 @@ from harness.backends.cuda.loaders import NativePrepared, _device_arch, native_u
 from harness.backends.cuda.plans import cdiv, decode_buffers, decode_technique, kernel_buffers, plan
 from harness.backends.cuda.resources import resource_table
 from harness.backends.cuda.toolkit import ARCHS
+from harness.backends.decode import decode_inputs
 from harness.model.core import Backend, Implementation
 from harness.model.inputs import Shape, dtype_name
 from harness.model.registry import register
@@ -107,7 +108,6 @@ class CudaBackend(Backend):
         repacked into the layout cuda/decode.cu reads (plans.decode_weight_bytes: the same bytes,
         scales apart from quants, so every block's quants are aligned 16-byte loads) and copied
         to the device here, in prepare, outside the timed region."""
-        from harness.backends.decode import decode_inputs
 
         x, w = decode_inputs(impl, a, b)
         inputs, out_shape, k = decode_buffers(x, w)

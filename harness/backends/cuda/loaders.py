@@ -28,6 +28,7 @@ from harness.backends import gpu
 from harness.backends.cuda import tensormap
 from harness.backends.cuda.plans import Launch, TensorMapArg
 from harness.backends.cuda.toolkit import compile_cubin, native_arch
+from harness.env.switches import switch
 from harness.model.core import Prepared
 
 LOADER_ENV = "MATMUL_CUDA_LOADER"
@@ -219,7 +220,6 @@ def native_function(relative: str, kernel: str, signature: str, shared_bytes: in
 
 
 def progress_wanted(relative: str) -> bool:
-    from harness.env.switches import switch
 
     return relative in PROGRESS_SOURCES and switch(PROGRESS_ENV)
 
