@@ -57,8 +57,6 @@
 enum { WIDE_CHUNK_BYTES = 256, VECTOR_BYTES = 32 };
 enum { WIDE = WIDE_CHUNK_BYTES / sizeof(real), VECTOR = VECTOR_BYTES / sizeof(real) };
 
-static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 /* c[0:width] += a_row[0:depth] @ b[0:depth, 0:width], where b's rows are ld elements apart.
  * Called only with a constant width (WIDE, WIDE/2, ... VECTOR): once inlined, the loops over j
  * have a fixed trip count, and the compiler keeps acc in vector registers across the p loop. */

@@ -1,5 +1,5 @@
 /* Decode GEMV with quantized weights: Y [M, N] = X [M, K] @ W^T, W [N, K] stored as ggml
- * stores it (q8_0, q4_0, bf16: harness/quant.py gives the byte layouts), X and Y float32. The
+ * stores it (q8_0, q4_0, bf16: harness/model/quant.py gives the byte layouts), X and Y float32. The
  * kernels are in decode_portable.c, decode_avx2.c and decode_avx512.c; python/decode.py is
  * the readable model of what they compute.
  *
@@ -41,13 +41,10 @@
 #define _GNU_SOURCE /* posix_memalign under a strict -std=c11 */
 #endif
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "decode.h"
 #include "matmul.h"
 #include "thread_pool.h"
-
-static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- which variants this CPU can run ------------------------------------------------------ */
 
@@ -86,12 +83,6 @@ static const struct decode_kernels *kernels_for(int64_t variant) {
     default: return NULL;
     }
 }
-
-/* ---- threads -------------------------------------------------------------------------------- */
-
-/* Below this many multiply-adds per thread, waking a thread costs more than it saves (a speed
- * choice only: the thread count never changes the result). */
-static const double MIN_FMAS_PER_THREAD = 1 << 19;
 
 /* ---- the activations, packed step by step (decode.h) ----------------------------------------- */
 
@@ -152,13 +143,7 @@ MATMUL_API int matmul_decode_f32(const float *X, const uint8_t *W, float *Y, int
     struct decode_job job = {X, W, Y, M, N, K, 0, 1, NULL};
     job.row_bytes = format == DECODE_BF16 ? 2 * K : K / DECODE_BLOCK * decode_step_bytes((int)format);
     job.rows = format == DECODE_Q8_0 ? kernels->q8_0 : format == DECODE_Q4_0 ? kernels->q4_0 : kernels->bf16;
-    if (threads <= 0) {
-        const long online = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = online > 0 ? online : 1;
-    }
-    const double by_work = (double)M * (double)N * (double)K / MIN_FMAS_PER_THREAD;
-    if (by_work < (double)threads) threads = by_work < 1 ? 1 : (int64_t)by_work;
-    job.parts = min_i64(min_i64(threads, N), 1024);
+    job.parts = pool_threads_for(threads, (double)M * (double)N * (double)K, N);
     float *packed = NULL;
     if (M > 1 || K % DECODE_BLOCK) { /* one row of whole steps is its own packed form */
         const size_t bytes = (size_t)(M * ((K + DECODE_BLOCK - 1) / DECODE_BLOCK) * DECODE_BLOCK) * sizeof(float);

@@ -59,7 +59,6 @@
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "decode.h"
 #include "matmul.h"
@@ -79,8 +78,6 @@ enum {
     SLICE = 2,       /* groups per slice of K (TILES) */
     PREFETCH = 4096, /* bytes ahead in W's stream, for q4_0 (tile_vnni) */
 };
-
-static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* float32 -> float16 bits, rounded to nearest even (ggml's conversion), for finite input. */
 static uint16_t half_of(float f) {
@@ -500,7 +497,12 @@ VNNI static void quantize_block_avx512(const float *x, uint8_t *out) {
  * from about 8 x 2048, and reading it from there, not W's memory traffic, set the time
  * (8 x 4096 x 14336 took 1.5-2x as long with whole rows on this project's Zen 4). Each slice
  * runs over all of the block's rows in turn; between slices each row's accumulators wait in
- * `partial`, exactly, so the float32 sums and the bits are those of whole rows. */
+ * `partial`, exactly, so the float32 sums and the bits are those of whole rows.
+ *
+ * A statement macro, one text for both instruction sets, because a function cannot take the
+ * tile kernel without costing speed: as an always-inlined function given tile_avx2 or
+ * tile_vnni by pointer (which GCC inlines too) the kernels compiled differently, and
+ * 4 x 4096 x 4096 q8_0 ran 5% slower on AVX2 (one thread, medians of 9 interleaved). */
 #define TILES(KERNEL, FORMAT, R, MB)                                                                                   \
     do {                                                                                                               \
         const int64_t groups = groups_of(K), tiles = (N + TILE - 1) / TILE;                                            \
@@ -523,19 +525,25 @@ AVX2 INLINE void rows_avx2_format(const int format, const struct x_group *x, int
                                   int64_t K, float *Y, int64_t ldy, int64_t b0, int64_t b1) {
     /* each row's accumulators between slices of K (TILES), for a block of tiles */
     _Alignas(64) float partial[BLOCK_TILES * TILE * ROWS * 16];
-    // clang-format off: one case per line, as a table
     switch (mb) {
     case 1: TILES(tile_avx2, format, 4, 1); break;
     case 2: TILES(tile_avx2, format, 4, 2); break;
     case 3: TILES(tile_avx2, format, 2, 3); break;
     case 4: TILES(tile_avx2, format, 2, 4); break;
-#define ONE_ROW(m) case m: TILES(tile_avx2, format, 1, m); break;
-        ONE_ROW(5) ONE_ROW(6) ONE_ROW(7) ONE_ROW(8) ONE_ROW(9) ONE_ROW(10) ONE_ROW(11) ONE_ROW(12)
-        ONE_ROW(13) ONE_ROW(14) ONE_ROW(15) ONE_ROW(16)
-#undef ONE_ROW
+    case 5: TILES(tile_avx2, format, 1, 5); break;
+    case 6: TILES(tile_avx2, format, 1, 6); break;
+    case 7: TILES(tile_avx2, format, 1, 7); break;
+    case 8: TILES(tile_avx2, format, 1, 8); break;
+    case 9: TILES(tile_avx2, format, 1, 9); break;
+    case 10: TILES(tile_avx2, format, 1, 10); break;
+    case 11: TILES(tile_avx2, format, 1, 11); break;
+    case 12: TILES(tile_avx2, format, 1, 12); break;
+    case 13: TILES(tile_avx2, format, 1, 13); break;
+    case 14: TILES(tile_avx2, format, 1, 14); break;
+    case 15: TILES(tile_avx2, format, 1, 15); break;
+    case 16: TILES(tile_avx2, format, 1, 16); break;
     default: break; /* the driver passes at most ROWS */
     }
-    // clang-format on
 }
 
 AVX2 static void rows_avx2(int format, const struct x_group *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K,
@@ -552,19 +560,25 @@ VNNI INLINE void rows_vnni_format(const int format, const struct x_group *x, int
                                   int64_t K, float *Y, int64_t ldy, int64_t b0, int64_t b1) {
     /* each row's accumulators between slices of K (TILES), for a block of tiles */
     _Alignas(64) float partial[BLOCK_TILES * TILE * ROWS * 16];
-    // clang-format off: one case per line, as a table
     switch (mb) {
     case 1: TILES(tile_vnni, format, 4, 1); break;
     case 2: TILES(tile_vnni, format, 4, 2); break;
     case 3: TILES(tile_vnni, format, 4, 3); break;
     case 4: TILES(tile_vnni, format, 4, 4); break;
-#define ONE_ROW(m) case m: TILES(tile_vnni, format, 1, m); break;
-        ONE_ROW(5) ONE_ROW(6) ONE_ROW(7) ONE_ROW(8) ONE_ROW(9) ONE_ROW(10) ONE_ROW(11) ONE_ROW(12)
-        ONE_ROW(13) ONE_ROW(14) ONE_ROW(15) ONE_ROW(16)
-#undef ONE_ROW
+    case 5: TILES(tile_vnni, format, 1, 5); break;
+    case 6: TILES(tile_vnni, format, 1, 6); break;
+    case 7: TILES(tile_vnni, format, 1, 7); break;
+    case 8: TILES(tile_vnni, format, 1, 8); break;
+    case 9: TILES(tile_vnni, format, 1, 9); break;
+    case 10: TILES(tile_vnni, format, 1, 10); break;
+    case 11: TILES(tile_vnni, format, 1, 11); break;
+    case 12: TILES(tile_vnni, format, 1, 12); break;
+    case 13: TILES(tile_vnni, format, 1, 13); break;
+    case 14: TILES(tile_vnni, format, 1, 14); break;
+    case 15: TILES(tile_vnni, format, 1, 15); break;
+    case 16: TILES(tile_vnni, format, 1, 16); break;
     default: break; /* the driver passes at most ROWS */
     }
-    // clang-format on
 }
 
 VNNI static void rows_vnni(int format, const struct x_group *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K,
@@ -626,8 +640,6 @@ MATMUL_API int matmul_quantize_q8_0(const float *x, int64_t n, uint8_t *out, int
     return DECODE_OK;
 }
 
-static const double MIN_FMAS_PER_THREAD = 1 << 19;
-
 struct int8_job {
     const struct x_group *x; /* X as quantize_activations leaves it */
     const uint8_t *W;        /* packed */
@@ -671,13 +683,7 @@ MATMUL_API int matmul_decode_int8_f32(const float *X, const uint8_t *W_packed, f
     if (posix_memalign(&memory, 64, (size_t)(M * job.groups) * sizeof(struct x_group))) return DECODE_ERR_MEMORY;
     quantize_activations(X, M, K, quantizer_for(resolved), memory);
     job.x = memory;
-    if (threads <= 0) {
-        const long online = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = online > 0 ? online : 1;
-    }
-    const double by_work = (double)M * (double)N * (double)K / MIN_FMAS_PER_THREAD;
-    if (by_work < (double)threads) threads = by_work < 1 ? 1 : (int64_t)by_work;
-    job.parts = min_i64(min_i64(threads, job.blocks), 1024);
+    job.parts = pool_threads_for(threads, (double)M * (double)N * (double)K, job.blocks);
     pool_run(job.parts, int8_task, &job);
     free(memory);
     return DECODE_OK;

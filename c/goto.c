@@ -36,7 +36,6 @@ enum { MR = 4, NR = 64 / sizeof(real) };
  * (KC x NR) 16 KiB of floats, in L1; Bp (KC x NC) 4 MiB, in L3. */
 enum { KC = 256, MC = 128, NC = 4096 };
 
-static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* aligned_alloc takes a whole number of alignments */
 static inline size_t round_up_64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 

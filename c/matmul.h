@@ -10,7 +10,7 @@
  *
  * Each function the harness calls is declared where it is defined, not here: MATMUL_API marks
  * its definition in its c/<file>.c, just before the return type, and the harness gathers the
- * marked definitions of every c/*.c into the declarations it gives cffi (harness/call_glue.py).
+ * marked definitions of every c/<file>.c into the declarations it gives cffi (harness/backends/c/call_glue.py).
  * Everything from the mark to the end of the parameter list must be plain C: no other macro
  * but TYPED (real.h), no attributes (put those before the mark). A file that includes real.h
  * exports each marked function twice, as name_f32 and name_f64. A name is marked in one file
@@ -22,5 +22,9 @@
 #include <stdint.h>
 
 #define MATMUL_API __attribute__((visibility("default")))
+
+/* The smaller and the larger of two sizes (every dimension, index and count here is an int64_t). */
+static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 #endif

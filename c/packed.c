@@ -82,15 +82,12 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "matmul.h"
 #include "packed.h"
 #include "real.h"
 #include "thread_pool.h"
 
-static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 /* The direct path takes a B that fits in half of L2 when K is at most DIRECT_MAX_K or the
@@ -104,20 +101,6 @@ static const double DIRECT_MAX_FMAS = 256.0 * 256.0 * 256.0;
 
 /* Up to this many rows of A, the loop nest packs B in whole rows (see loop_nest). */
 enum { STREAM_B_MAX_M = 16 };
-
-/* Below this many multiply-adds per thread, waking a thread costs more than it saves. The
- * thread count never changes the result, so this is purely a speed choice. */
-static const double MIN_FMAS_PER_THREAD = 1 << 19;
-
-static int64_t threads_for(int64_t threads, double fmas, int64_t max_parts) {
-    if (threads <= 0) {
-        const long online = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = online > 0 ? online : 1;
-    }
-    const double by_work = fmas / MIN_FMAS_PER_THREAD;
-    if (by_work < (double)threads) threads = by_work < 1 ? 1 : (int64_t)by_work;
-    return max_i64(1, min_i64(min_i64(threads, max_parts), 1024));
-}
 
 /* ---- M = 1: y = a B, streaming B ----------------------------------------------------------- */
 
@@ -296,7 +279,7 @@ struct tile_grid {
  * columns) x K. */
 static struct tile_grid make_grid(int64_t M, int64_t N, int64_t mr, int64_t nr, int64_t threads, double fmas) {
     struct tile_grid g = {M, N, mr, nr, (M + mr - 1) / mr, (N + nr - 1) / nr, 1, 1};
-    threads = threads_for(threads, fmas, g.units_m * g.units_n);
+    threads = pool_threads_for(threads, fmas, g.units_m * g.units_n);
     int64_t best_load = g.units_m * g.units_n, best_edge = g.units_m * mr + g.units_n * nr;
     for (int64_t tm = 1; tm <= threads && tm <= g.units_m; ++tm) {
         const int64_t tn = min_i64(threads / tm, g.units_n);
@@ -532,7 +515,7 @@ MATMUL_API int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, 
         struct vector_job job = {A, B, C, M, N, K, 1, 1};
         const int64_t length = N == 1 ? M : N;
         job.group = N == 1 ? DOT_ROWS : 64 / (int64_t)sizeof(real); /* DOT_ROWS rows; cache lines of y */
-        job.parts = threads_for(threads, (double)length * (double)K, (length + job.group - 1) / job.group);
+        job.parts = pool_threads_for(threads, (double)length * (double)K, (length + job.group - 1) / job.group);
         pool_run(job.parts, vector_task, &job);
         return PACKED_OK;
     }

@@ -1,4 +1,5 @@
-/* AVX2 + FMA micro-kernels of the packed matmul (x86-64 since Haswell / Zen).
+/* AVX2 + FMA micro-kernels of the packed matmul (x86-64 since Haswell / Zen). Written once over
+ * `real` and compiled for float32 and float64 (real.h).
  *
  * Technique: an MR x NR tile of C lives in vector registers for the whole K loop. Each step p
  * loads one packed row of B (NR values, NR/W vectors of W lanes), broadcasts each of the MR
@@ -12,27 +13,77 @@
  * FMA throughput, not by loads. (8 x 8 would need 8 broadcasts per 8 FMAs; 4 x 24 leaves
  * too few chains to hide latency on some cores.)
  *
+ * One text for both types: the kernels use a ymm register of reals, `vec` (VEC_LANES of them:
+ * 8 float32 or 4 float64), through the handful of wrappers below, each one intrinsic (its _ps
+ * or _pd form) and always inlined, so the compiled kernels are those the intrinsics written
+ * out would give. The tile is two vectors wide in either type, so it has the same shape in
+ * registers; only its width in elements, NR, follows the type.
+ *
  * Compiled with __attribute__((target("avx2,fma"))) on these functions only, so the rest of
  * the library keeps the build's baseline ISA; packed.c calls them only when cpuid says the
  * CPU has AVX2 and FMA (and the OS saves the ymm state).
  */
 #include "packed.h"
+#include "real.h"
 
 #if PACKED_HAVE_X86
 #include <immintrin.h>
 
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2   __attribute__((target("avx2,fma")))
+#define INLINE static inline __attribute__((always_inline))
 
-enum { MR_S = 6, NV_S = 2, NR_S = NV_S * 8 }; /* float32: 6 x 16 */
-enum { MR_D = 6, NV_D = 2, NR_D = NV_D * 4 }; /* float64: 6 x 8 */
+/* ---- a ymm register of reals ---------------------------------------------------------------- */
 
-/* One tile of `rows` x NR_S (float). Always inlined into kernel_f32 with `rows` a constant, so
- * every loop over the accumulators unrolls fully and the array lives in registers. */
-AVX2 static inline __attribute__((always_inline)) void
-tile_f32(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n, int accumulate) {
-    const float *restrict a = Ap;
-    const float *restrict b = Bp;
-    float *C = C_;
+/* What the two types differ in: the register type, its lane count, and the suffix of the AVX
+ * intrinsics, which VEC pastes on as real.h's TYPED does on public names (VEC(fmadd) is
+ * _mm256_fmadd_ps for float32, _mm256_fmadd_pd for float64). */
+#if defined(MATMUL_REAL_DOUBLE)
+typedef __m256d vec;
+enum { VEC_LANES = 4 };
+#define VEC(op) _mm256_##op##_pd
+AVX2 INLINE vec vec_broadcast(const real *p) { return _mm256_broadcast_sd(p); }
+#else
+typedef __m256 vec;
+enum { VEC_LANES = 8 };
+#define VEC(op) _mm256_##op##_ps
+AVX2 INLINE vec vec_broadcast(const real *p) { return _mm256_broadcast_ss(p); }
+#endif
+
+/* Which lanes a masked load or store touches: those whose integer, as wide as a real, is
+ * negative (all ones). */
+typedef __m256i vec_mask;
+
+AVX2 INLINE vec vec_zero(void) { return VEC(setzero)(); }
+AVX2 INLINE vec vec_load(const real *p) { return VEC(load)(p); } /* p 32-byte aligned */
+AVX2 INLINE vec vec_loadu(const real *p) { return VEC(loadu)(p); }
+AVX2 INLINE vec vec_loadu_masked(const real *p, vec_mask mask) { return VEC(maskload)(p, mask); }
+AVX2 INLINE vec vec_fma(vec a, vec b, vec c) { return VEC(fmadd)(a, b, c); } /* a b + c, rounded once */
+AVX2 INLINE vec vec_add(vec a, vec b) { return VEC(add)(a, b); }
+AVX2 INLINE void vec_store(real *p, vec v) { VEC(store)(p, v); } /* p 32-byte aligned */
+AVX2 INLINE void vec_storeu(real *p, vec v) { VEC(storeu)(p, v); }
+AVX2 INLINE void vec_storeu_masked(real *p, vec_mask mask, vec v) { VEC(maskstore)(p, mask, v); }
+
+/* The lanes of a vector that starts at column `first` of a row and lie inside its n columns:
+ * lane l if first + l < n, compared in integers as wide as a real. */
+AVX2 INLINE vec_mask vec_mask_inside(int64_t n, const int first) {
+#if defined(MATMUL_REAL_DOUBLE)
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(n - first), _mm256_setr_epi64x(0, 1, 2, 3));
+#else
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n - first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#endif
+}
+
+enum { MR = 6, NV = 2, NR = NV * VEC_LANES }; /* the tile: float32 6 x 16, float64 6 x 8 */
+
+/* ---- the packed micro-kernel ----------------------------------------------------------------- */
+
+/* One tile of `rows` x NR. Always inlined into kernel with `rows` a constant, so every loop
+ * over the accumulators unrolls fully and the array lives in registers. */
+AVX2 INLINE void tile(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n,
+                      int accumulate) {
+    const real *restrict a = Ap;
+    const real *restrict b = Bp;
+    real *C = C_;
     /* The C tile is touched only after the K loop, in rows ldc apart that are likely out of
      * L1 and L2 by now: start fetching them so the write-back does not wait on memory. */
     if (accumulate)
@@ -41,262 +92,124 @@ tile_f32(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, i
             _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
             _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
         }
-    __m256 c[MR_S][NV_S];
+    vec c[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV_S; ++v) c[i][v] = _mm256_setzero_ps();
+        for (int v = 0; v < NV; ++v) c[i][v] = vec_zero();
 
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; ++p) {
-        const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+        const vec b0 = vec_load(b), b1 = vec_load(b + VEC_LANES);
 #pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
-            const __m256 ai = _mm256_broadcast_ss(a + i);
-            c[i][0] = _mm256_fmadd_ps(ai, b0, c[i][0]);
-            c[i][1] = _mm256_fmadd_ps(ai, b1, c[i][1]);
+            const vec ai = vec_broadcast(a + i);
+            c[i][0] = vec_fma(ai, b0, c[i][0]);
+            c[i][1] = vec_fma(ai, b1, c[i][1]);
         }
-        a += MR_S;
-        b += NR_S;
+        a += MR;
+        b += NR;
     }
 
-    if (n == NR_S) {
+    if (n == NR) {
 #pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
-            float *row = C + i * ldc;
+            real *row = C + i * ldc;
 #pragma GCC unroll 4
-            for (int v = 0; v < NV_S; ++v) {
-                __m256 value = c[i][v];
-                if (accumulate) value = _mm256_add_ps(_mm256_loadu_ps(row + 8 * v), value);
-                _mm256_storeu_ps(row + 8 * v, value);
+            for (int v = 0; v < NV; ++v) {
+                vec value = c[i][v];
+                if (accumulate) value = vec_add(vec_loadu(row + VEC_LANES * v), value);
+                vec_storeu(row + VEC_LANES * v, value);
             }
         }
         return;
     }
     /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
      * byte outside the matrix is read or written. */
-    float tile[MR_S][NR_S] __attribute__((aligned(32)));
+    real spilled[MR][NR] __attribute__((aligned(32)));
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV_S; ++v) _mm256_store_ps(&tile[i][8 * v], c[i][v]);
-    packed_store_edge_f32(&tile[0][0], NR_S, C, ldc, rows, n, accumulate);
+        for (int v = 0; v < NV; ++v) vec_store(&spilled[i][VEC_LANES * v], c[i][v]);
+    TYPED(packed_store_edge)(&spilled[0][0], NR, C, ldc, rows, n, accumulate);
 }
 
 /* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
  * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
-AVX2 static void kernel_f32(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
-                            int accumulate) {
+AVX2 static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
+                        int accumulate) {
     switch (m) {
-    case 6: tile_f32(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 5: tile_f32(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 4: tile_f32(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 3: tile_f32(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 2: tile_f32(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 1: tile_f32(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 6: tile(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 5: tile(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 4: tile(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 3: tile(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 2: tile(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 1: tile(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
     }
 }
 
-/* The direct tile (float): the same register tile, reading A and B where they lie instead of
- * from packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
+/* ---- the direct kernel: A and B where they lie ---------------------------------------------- */
+
+/* The direct tile: the same register tile, reading A and B where they lie instead of from
+ * packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
  * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb.
  * A full-width tile uses plain loads and stores; an edge tile (`full` 0) masks the columns
  * past n off in every load and store, so no byte outside the matrices is touched. C = the
  * tile (never accumulated: the direct path takes K whole). */
-AVX2 static inline __attribute__((always_inline)) void direct_tile_f32(const int rows, const int full, int64_t k,
-                                                                       const float *A, int64_t lda, const float *B,
-                                                                       int64_t ldb, float *C, int64_t ldc, int64_t n) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane);
-    const __m256i mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n - 8), lane);
-    __m256 c[MR_S][NV_S];
+AVX2 INLINE void direct_tile(const int rows, const int full, int64_t k, const real *A, int64_t lda, const real *B,
+                             int64_t ldb, real *C, int64_t ldc, int64_t n) {
+    const vec_mask mask0 = vec_mask_inside(n, 0), mask1 = vec_mask_inside(n, VEC_LANES);
+    vec c[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV_S; ++v) c[i][v] = _mm256_setzero_ps();
+        for (int v = 0; v < NV; ++v) c[i][v] = vec_zero();
 
 #pragma GCC unroll 2
     for (int64_t p = 0; p < k; ++p) {
-        const float *b = B + p * ldb;
-        const __m256 b0 = full ? _mm256_loadu_ps(b) : _mm256_maskload_ps(b, mask0);
-        const __m256 b1 = full ? _mm256_loadu_ps(b + 8) : _mm256_maskload_ps(b + 8, mask1);
+        const real *b = B + p * ldb;
+        const vec b0 = full ? vec_loadu(b) : vec_loadu_masked(b, mask0);
+        const vec b1 = full ? vec_loadu(b + VEC_LANES) : vec_loadu_masked(b + VEC_LANES, mask1);
 #pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
-            const __m256 ai = _mm256_broadcast_ss(A + i * lda + p);
-            c[i][0] = _mm256_fmadd_ps(ai, b0, c[i][0]);
-            c[i][1] = _mm256_fmadd_ps(ai, b1, c[i][1]);
+            const vec ai = vec_broadcast(A + i * lda + p);
+            c[i][0] = vec_fma(ai, b0, c[i][0]);
+            c[i][1] = vec_fma(ai, b1, c[i][1]);
         }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i) {
         if (full) {
-            _mm256_storeu_ps(C + i * ldc, c[i][0]);
-            _mm256_storeu_ps(C + i * ldc + 8, c[i][1]);
+            vec_storeu(C + i * ldc, c[i][0]);
+            vec_storeu(C + i * ldc + VEC_LANES, c[i][1]);
         } else {
-            _mm256_maskstore_ps(C + i * ldc, mask0, c[i][0]);
-            _mm256_maskstore_ps(C + i * ldc + 8, mask1, c[i][1]);
+            vec_storeu_masked(C + i * ldc, mask0, c[i][0]);
+            vec_storeu_masked(C + i * ldc + VEC_LANES, mask1, c[i][1]);
         }
     }
 }
 
-AVX2 static inline __attribute__((always_inline)) void direct_rows_f32(const int full, int64_t k, const void *A,
-                                                                       int64_t lda, const void *B, int64_t ldb, void *C,
-                                                                       int64_t ldc, int64_t m, int64_t n) {
+AVX2 INLINE void direct_rows(const int full, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
+                             int64_t ldc, int64_t m, int64_t n) {
     switch (m) {
-    case 6: direct_tile_f32(6, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 5: direct_tile_f32(5, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 4: direct_tile_f32(4, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 3: direct_tile_f32(3, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 2: direct_tile_f32(2, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 1: direct_tile_f32(1, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 6: direct_tile(6, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 5: direct_tile(5, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 4: direct_tile(4, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 3: direct_tile(3, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 2: direct_tile(2, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 1: direct_tile(1, full, k, A, lda, B, ldb, C, ldc, n); break;
     }
 }
 
 /* The direct kernel: one instance per row count and per full or edge width. */
-AVX2 static void direct_f32(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
-                            int64_t m, int64_t n) {
-    if (n == NR_S)
-        direct_rows_f32(1, k, A, lda, B, ldb, C, ldc, m, n);
+AVX2 static void direct(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+                        int64_t m, int64_t n) {
+    if (n == NR)
+        direct_rows(1, k, A, lda, B, ldb, C, ldc, m, n);
     else
-        direct_rows_f32(0, k, A, lda, B, ldb, C, ldc, m, n);
+        direct_rows(0, k, A, lda, B, ldb, C, ldc, m, n);
 }
 
-/* One tile of `rows` x NR_D (double). Always inlined into kernel_f64 with `rows` a constant, so
- * every loop over the accumulators unrolls fully and the array lives in registers. */
-AVX2 static inline __attribute__((always_inline)) void
-tile_f64(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n, int accumulate) {
-    const double *restrict a = Ap;
-    const double *restrict b = Bp;
-    double *C = C_;
-    /* The C tile is touched only after the K loop, in rows ldc apart that are likely out of
-     * L1 and L2 by now: start fetching them so the write-back does not wait on memory. */
-    if (accumulate)
-#pragma GCC unroll 16
-        for (int i = 0; i < rows; ++i) {
-            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
-            _mm_prefetch((const char *)(C + i * ldc + n - 1), _MM_HINT_T0);
-        }
-    __m256d c[MR_D][NV_D];
-#pragma GCC unroll 16
-    for (int i = 0; i < rows; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV_D; ++v) c[i][v] = _mm256_setzero_pd();
-
-#pragma GCC unroll 4
-    for (int64_t p = 0; p < kc; ++p) {
-        const __m256d b0 = _mm256_load_pd(b), b1 = _mm256_load_pd(b + 4);
-#pragma GCC unroll 16
-        for (int i = 0; i < rows; ++i) {
-            const __m256d ai = _mm256_broadcast_sd(a + i);
-            c[i][0] = _mm256_fmadd_pd(ai, b0, c[i][0]);
-            c[i][1] = _mm256_fmadd_pd(ai, b1, c[i][1]);
-        }
-        a += MR_D;
-        b += NR_D;
-    }
-
-    if (n == NR_D) {
-#pragma GCC unroll 16
-        for (int i = 0; i < rows; ++i) {
-            double *row = C + i * ldc;
-#pragma GCC unroll 4
-            for (int v = 0; v < NV_D; ++v) {
-                __m256d value = c[i][v];
-                if (accumulate) value = _mm256_add_pd(_mm256_loadu_pd(row + 4 * v), value);
-                _mm256_storeu_pd(row + 4 * v, value);
-            }
-        }
-        return;
-    }
-    /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
-     * byte outside the matrix is read or written. */
-    double tile[MR_D][NR_D] __attribute__((aligned(32)));
-#pragma GCC unroll 16
-    for (int i = 0; i < rows; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV_D; ++v) _mm256_store_pd(&tile[i][4 * v], c[i][v]);
-    packed_store_edge_f64(&tile[0][0], NR_D, C, ldc, rows, n, accumulate);
-}
-
-/* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
- * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
-AVX2 static void kernel_f64(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
-                            int accumulate) {
-    switch (m) {
-    case 6: tile_f64(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 5: tile_f64(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 4: tile_f64(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 3: tile_f64(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 2: tile_f64(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 1: tile_f64(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    }
-}
-
-/* The direct tile (double): the same register tile, reading A and B where they lie instead of
- * from packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
- * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb.
- * A full-width tile uses plain loads and stores; an edge tile (`full` 0) masks the columns
- * past n off in every load and store, so no byte outside the matrices is touched. C = the
- * tile (never accumulated: the direct path takes K whole). */
-AVX2 static inline __attribute__((always_inline)) void direct_tile_f64(const int rows, const int full, int64_t k,
-                                                                       const double *A, int64_t lda, const double *B,
-                                                                       int64_t ldb, double *C, int64_t ldc, int64_t n) {
-    const __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
-    const __m256i mask0 = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), lane);
-    const __m256i mask1 = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n - 4), lane);
-    __m256d c[MR_D][NV_D];
-#pragma GCC unroll 16
-    for (int i = 0; i < rows; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV_D; ++v) c[i][v] = _mm256_setzero_pd();
-
-#pragma GCC unroll 2
-    for (int64_t p = 0; p < k; ++p) {
-        const double *b = B + p * ldb;
-        const __m256d b0 = full ? _mm256_loadu_pd(b) : _mm256_maskload_pd(b, mask0);
-        const __m256d b1 = full ? _mm256_loadu_pd(b + 4) : _mm256_maskload_pd(b + 4, mask1);
-#pragma GCC unroll 16
-        for (int i = 0; i < rows; ++i) {
-            const __m256d ai = _mm256_broadcast_sd(A + i * lda + p);
-            c[i][0] = _mm256_fmadd_pd(ai, b0, c[i][0]);
-            c[i][1] = _mm256_fmadd_pd(ai, b1, c[i][1]);
-        }
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < rows; ++i) {
-        if (full) {
-            _mm256_storeu_pd(C + i * ldc, c[i][0]);
-            _mm256_storeu_pd(C + i * ldc + 4, c[i][1]);
-        } else {
-            _mm256_maskstore_pd(C + i * ldc, mask0, c[i][0]);
-            _mm256_maskstore_pd(C + i * ldc + 4, mask1, c[i][1]);
-        }
-    }
-}
-
-AVX2 static inline __attribute__((always_inline)) void direct_rows_f64(const int full, int64_t k, const void *A,
-                                                                       int64_t lda, const void *B, int64_t ldb, void *C,
-                                                                       int64_t ldc, int64_t m, int64_t n) {
-    switch (m) {
-    case 6: direct_tile_f64(6, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 5: direct_tile_f64(5, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 4: direct_tile_f64(4, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 3: direct_tile_f64(3, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 2: direct_tile_f64(2, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 1: direct_tile_f64(1, full, k, A, lda, B, ldb, C, ldc, n); break;
-    }
-}
-
-/* The direct kernel: one instance per row count and per full or edge width. */
-AVX2 static void direct_f64(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
-                            int64_t m, int64_t n) {
-    if (n == NR_D)
-        direct_rows_f64(1, k, A, lda, B, ldb, C, ldc, m, n);
-    else
-        direct_rows_f64(0, k, A, lda, B, ldb, C, ldc, m, n);
-}
-
-const struct packed_kernel packed_avx2_f32 = {MR_S, NR_S, kernel_f32, direct_f32};
-const struct packed_kernel packed_avx2_f64 = {MR_D, NR_D, kernel_f64, direct_f64};
+const struct packed_kernel TYPED(packed_avx2) = {MR, NR, kernel, direct};
 
 #endif

@@ -1,4 +1,5 @@
 /* AVX-512 micro-kernels of the packed matmul (Skylake-X and later Intel, Zen 4 and later AMD).
+ * Written once over `real` and compiled for float32 and float64 (real.h).
  *
  * Technique: the AVX2 kernel's (packed_avx2.c) register tile, twice as wide and more than
  * twice as tall, because AVX-512 doubles both the vector width (16 float32 / 8 float64 lanes)
@@ -9,20 +10,56 @@
  * more FMAs (14 per load instead of 6), which matters because each zmm load moves 64 bytes;
  * the broadcasts of A come straight from memory as FMA operands ({1toN} embedded broadcast).
  *
+ * One text for both types, as in packed_avx2.c: a zmm register of reals, `vec` (VEC_LANES of
+ * them), through the wrappers below, each one intrinsic and always inlined. Masks are bit
+ * masks here, one bit a lane (__mmask16 for float32, __mmask8 for float64).
+ *
  * Compiled with __attribute__((target("avx512f"))) on these functions only; packed.c calls
  * them only when cpuid says the CPU has AVX-512F and the OS saves the zmm state. On a CPU
  * whose AVX-512 runs at half rate (two 256-bit halves, Zen 4) it still wins through the
  * doubled register file.
  */
 #include "packed.h"
+#include "real.h"
 
 #if PACKED_HAVE_X86
 #include <immintrin.h>
 
 #define AVX512 __attribute__((target("avx512f")))
+#define INLINE static inline __attribute__((always_inline))
 
-enum { MR_S = 14, NV_S = 2, NR_S = NV_S * 16 }; /* float32: 14 x 32 */
-enum { MR_D = 14, NV_D = 2, NR_D = NV_D * 8 };  /* float64: 14 x 16 */
+/* ---- a zmm register of reals ---------------------------------------------------------------- */
+
+/* What the two types differ in: the register type, its lane count (and so the width of a mask,
+ * a bit a lane), and the suffix of the AVX-512 intrinsics, which VEC pastes on as real.h's
+ * TYPED does on public names (VEC(fmadd) is _mm512_fmadd_ps for float32, _mm512_fmadd_pd for
+ * float64). */
+#if defined(MATMUL_REAL_DOUBLE)
+typedef __m512d vec;
+typedef __mmask8 vec_mask;
+enum { VEC_LANES = 8 };
+#define VEC(op) _mm512_##op##_pd
+#else
+typedef __m512 vec;
+typedef __mmask16 vec_mask;
+enum { VEC_LANES = 16 };
+#define VEC(op) _mm512_##op##_ps
+#endif
+
+AVX512 INLINE vec vec_zero(void) { return VEC(setzero)(); }
+AVX512 INLINE vec vec_load(const real *p) { return VEC(load)(p); } /* p 64-byte aligned */
+AVX512 INLINE vec vec_loadu(const real *p) { return VEC(loadu)(p); }
+AVX512 INLINE vec vec_loadu_masked(const real *p, vec_mask mask) { return VEC(maskz_loadu)(mask, p); } /* others 0 */
+AVX512 INLINE vec vec_broadcast(const real *p) { return VEC(set1)(*p); }
+AVX512 INLINE vec vec_fma(vec a, vec b, vec c) { return VEC(fmadd)(a, b, c); } /* a b + c, rounded once */
+AVX512 INLINE vec vec_add(vec a, vec b) { return VEC(add)(a, b); }
+AVX512 INLINE void vec_store(real *p, vec v) { VEC(store)(p, v); } /* p 64-byte aligned */
+AVX512 INLINE void vec_storeu(real *p, vec v) { VEC(storeu)(p, v); }
+AVX512 INLINE void vec_storeu_masked(real *p, vec_mask mask, vec v) { VEC(mask_storeu)(p, mask, v); }
+
+enum { MR = 14, NV = 2, NR = NV * VEC_LANES }; /* the tile: float32 14 x 32, float64 14 x 16 */
+
+/* ---- the packed micro-kernel ----------------------------------------------------------------- */
 
 /* The C tile is touched only after the K loop, in rows ldc apart that are likely in L3 or
  * memory by then. A row of a tile is 128 bytes: two cache lines when it starts on one, three
@@ -35,322 +72,167 @@ enum { MR_D = 14, NV_D = 2, NR_D = NV_D * 8 };  /* float64: 14 x 16 */
  * a row all at once first; 1023 x 1025 x 1027 5-7% faster than two lines a row. */
 enum { C_LINES_PER_ROW = 3 };
 
-static inline __attribute__((always_inline)) void fetch_c_line(const char *C, int64_t ldc_bytes, int64_t row_bytes,
-                                                               int64_t step) {
+INLINE void fetch_c_line(const char *C, int64_t ldc_bytes, int64_t row_bytes, int64_t step) {
     const int64_t piece = step % C_LINES_PER_ROW, last = row_bytes - 1;
     const int64_t offset = piece == 0 ? 0 : piece == 1 ? (last < 64 ? last : 64) : last;
     __builtin_prefetch(C + step / C_LINES_PER_ROW * ldc_bytes + offset, 1, 3);
 }
 
-/* One step of the K sum (float): the tile's accumulators += column p of the A micro-panel
+/* One step of the K sum: the tile's accumulators += column p of the A micro-panel
  * (broadcast) x row p of the B sliver (two vectors). */
-AVX512 static inline __attribute__((always_inline)) void step_f32(const int rows, const float *restrict a,
-                                                                  const float *restrict b, __m512 c[MR_S][NV_S]) {
-    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+AVX512 INLINE void step(const int rows, const real *restrict a, const real *restrict b, vec c[MR][NV]) {
+    const vec b0 = vec_load(b), b1 = vec_load(b + VEC_LANES);
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i) {
-        const __m512 ai = _mm512_set1_ps(a[i]);
-        c[i][0] = _mm512_fmadd_ps(ai, b0, c[i][0]);
-        c[i][1] = _mm512_fmadd_ps(ai, b1, c[i][1]);
+        const vec ai = vec_broadcast(a + i);
+        c[i][0] = vec_fma(ai, b0, c[i][0]);
+        c[i][1] = vec_fma(ai, b1, c[i][1]);
     }
 }
 
-/* One tile of `rows` x NR_S (float). Always inlined into kernel_f32 with `rows` a constant, so
- * every loop over the accumulators unrolls fully and the array lives in registers. */
-AVX512 static inline __attribute__((always_inline)) void
-tile_f32(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n, int accumulate) {
-    const float *restrict a = Ap;
-    const float *restrict b = Bp;
-    float *C = C_;
-    __m512 c[MR_S][NV_S];
+/* One tile of `rows` x NR. Always inlined into kernel with `rows` a constant, so every loop
+ * over the accumulators unrolls fully and the array lives in registers. */
+AVX512 INLINE void tile(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n,
+                        int accumulate) {
+    const real *restrict a = Ap;
+    const real *restrict b = Bp;
+    real *C = C_;
+    vec c[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV_S; ++v) c[i][v] = _mm512_setzero_ps();
+        for (int v = 0; v < NV; ++v) c[i][v] = vec_zero();
 
     int64_t p = 0; /* the first steps also fetch the C tile, a line per step (fetch_c_line) */
     const int64_t fetch_steps = C_LINES_PER_ROW * rows < kc ? C_LINES_PER_ROW * rows : kc;
-    for (; p < fetch_steps; ++p, a += MR_S, b += NR_S) {
-        fetch_c_line((const char *)C, ldc * (int64_t)sizeof(float), n * (int64_t)sizeof(float), p);
-        step_f32(rows, a, b, c);
+    for (; p < fetch_steps; ++p, a += MR, b += NR) {
+        fetch_c_line((const char *)C, ldc * (int64_t)sizeof(real), n * (int64_t)sizeof(real), p);
+        step(rows, a, b, c);
     }
 #pragma GCC unroll 4
-    for (; p < kc; ++p, a += MR_S, b += NR_S) step_f32(rows, a, b, c);
+    for (; p < kc; ++p, a += MR, b += NR) step(rows, a, b, c);
 
-    if (n == NR_S) {
+    if (n == NR) {
 #pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
-            float *row = C + i * ldc;
+            real *row = C + i * ldc;
 #pragma GCC unroll 4
-            for (int v = 0; v < NV_S; ++v) {
-                __m512 value = c[i][v];
-                if (accumulate) value = _mm512_add_ps(_mm512_loadu_ps(row + 16 * v), value);
-                _mm512_storeu_ps(row + 16 * v, value);
+            for (int v = 0; v < NV; ++v) {
+                vec value = c[i][v];
+                if (accumulate) value = vec_add(vec_loadu(row + VEC_LANES * v), value);
+                vec_storeu(row + VEC_LANES * v, value);
             }
         }
         return;
     }
     /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
      * byte outside the matrix is read or written. */
-    float tile[MR_S][NR_S] __attribute__((aligned(64)));
+    real spilled[MR][NR] __attribute__((aligned(64)));
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV_S; ++v) _mm512_store_ps(&tile[i][16 * v], c[i][v]);
-    packed_store_edge_f32(&tile[0][0], NR_S, C, ldc, rows, n, accumulate);
+        for (int v = 0; v < NV; ++v) vec_store(&spilled[i][VEC_LANES * v], c[i][v]);
+    TYPED(packed_store_edge)(&spilled[0][0], NR, C, ldc, rows, n, accumulate);
 }
 
 /* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
  * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
-AVX512 static void kernel_f32(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
-                              int accumulate) {
+AVX512 static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
+                          int accumulate) {
     switch (m) {
-    case 14: tile_f32(14, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 13: tile_f32(13, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 12: tile_f32(12, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 11: tile_f32(11, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 10: tile_f32(10, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 9: tile_f32(9, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 8: tile_f32(8, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 7: tile_f32(7, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 6: tile_f32(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 5: tile_f32(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 4: tile_f32(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 3: tile_f32(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 2: tile_f32(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 1: tile_f32(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 14: tile(14, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 13: tile(13, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 12: tile(12, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 11: tile(11, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 10: tile(10, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 9: tile(9, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 8: tile(8, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 7: tile(7, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 6: tile(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 5: tile(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 4: tile(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 3: tile(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 2: tile(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 1: tile(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
     }
 }
 
-/* The direct tile (float): the same register tile, reading A and B where they lie instead of
- * from packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
+/* ---- the direct kernel: A and B where they lie ---------------------------------------------- */
+
+/* The direct tile: the same register tile, reading A and B where they lie instead of from
+ * packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
  * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb.
  * A full-width tile uses plain loads and stores; an edge tile (`full` 0) masks the columns
  * past n off in every load and store, so no byte outside the matrices is touched. (Masked
  * loads on full tiles, which the mask makes correct too, cost more: 64^3, one thread, two
  * runs of medians of 21 interleaved, 3-4% slower in float32 and 3-8% in float64.) C = the
  * tile (never accumulated: the direct path takes K whole). */
-AVX512 static inline __attribute__((always_inline)) void direct_tile_f32(const int rows, const int full, int64_t k,
-                                                                         const float *A, int64_t lda, const float *B,
-                                                                         int64_t ldb, float *C, int64_t ldc,
-                                                                         int64_t n) {
-    const __mmask16 mask0 = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
-    const __mmask16 mask1 = n >= 32 ? 0xFFFF : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
-    __m512 c[MR_S][NV_S];
+AVX512 INLINE void direct_tile(const int rows, const int full, int64_t k, const real *A, int64_t lda, const real *B,
+                               int64_t ldb, real *C, int64_t ldc, int64_t n) {
+    /* The lanes of each of the two vectors that lie in the tile's n columns (n >= 1), a bit a
+     * lane: integer arithmetic, the same text for both types. */
+    const vec_mask all = (vec_mask)((1u << VEC_LANES) - 1);
+    const vec_mask mask0 = n >= VEC_LANES ? all : (vec_mask)((1u << n) - 1);
+    const vec_mask mask1 = n >= 2 * VEC_LANES ? all : n <= VEC_LANES ? 0 : (vec_mask)((1u << (n - VEC_LANES)) - 1);
+    vec c[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV_S; ++v) c[i][v] = _mm512_setzero_ps();
+        for (int v = 0; v < NV; ++v) c[i][v] = vec_zero();
 
 #pragma GCC unroll 2
     for (int64_t p = 0; p < k; ++p) {
-        const float *b = B + p * ldb;
-        const __m512 b0 = full ? _mm512_loadu_ps(b) : _mm512_maskz_loadu_ps(mask0, b);
-        const __m512 b1 = full ? _mm512_loadu_ps(b + 16) : _mm512_maskz_loadu_ps(mask1, b + 16);
+        const real *b = B + p * ldb;
+        const vec b0 = full ? vec_loadu(b) : vec_loadu_masked(b, mask0);
+        const vec b1 = full ? vec_loadu(b + VEC_LANES) : vec_loadu_masked(b + VEC_LANES, mask1);
 #pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
-            const __m512 ai = _mm512_set1_ps(A[i * lda + p]);
-            c[i][0] = _mm512_fmadd_ps(ai, b0, c[i][0]);
-            c[i][1] = _mm512_fmadd_ps(ai, b1, c[i][1]);
+            const vec ai = vec_broadcast(&A[i * lda + p]);
+            c[i][0] = vec_fma(ai, b0, c[i][0]);
+            c[i][1] = vec_fma(ai, b1, c[i][1]);
         }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i) {
         if (full) {
-            _mm512_storeu_ps(C + i * ldc, c[i][0]);
-            _mm512_storeu_ps(C + i * ldc + 16, c[i][1]);
+            vec_storeu(C + i * ldc, c[i][0]);
+            vec_storeu(C + i * ldc + VEC_LANES, c[i][1]);
         } else {
-            _mm512_mask_storeu_ps(C + i * ldc, mask0, c[i][0]);
-            _mm512_mask_storeu_ps(C + i * ldc + 16, mask1, c[i][1]);
+            vec_storeu_masked(C + i * ldc, mask0, c[i][0]);
+            vec_storeu_masked(C + i * ldc + VEC_LANES, mask1, c[i][1]);
         }
     }
 }
 
-AVX512 static inline __attribute__((always_inline)) void direct_rows_f32(const int full, int64_t k, const void *A,
-                                                                         int64_t lda, const void *B, int64_t ldb,
-                                                                         void *C, int64_t ldc, int64_t m, int64_t n) {
+AVX512 INLINE void direct_rows(const int full, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb,
+                               void *C, int64_t ldc, int64_t m, int64_t n) {
     switch (m) {
-    case 14: direct_tile_f32(14, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 13: direct_tile_f32(13, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 12: direct_tile_f32(12, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 11: direct_tile_f32(11, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 10: direct_tile_f32(10, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 9: direct_tile_f32(9, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 8: direct_tile_f32(8, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 7: direct_tile_f32(7, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 6: direct_tile_f32(6, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 5: direct_tile_f32(5, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 4: direct_tile_f32(4, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 3: direct_tile_f32(3, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 2: direct_tile_f32(2, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 1: direct_tile_f32(1, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 14: direct_tile(14, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 13: direct_tile(13, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 12: direct_tile(12, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 11: direct_tile(11, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 10: direct_tile(10, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 9: direct_tile(9, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 8: direct_tile(8, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 7: direct_tile(7, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 6: direct_tile(6, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 5: direct_tile(5, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 4: direct_tile(4, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 3: direct_tile(3, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 2: direct_tile(2, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 1: direct_tile(1, full, k, A, lda, B, ldb, C, ldc, n); break;
     }
 }
 
 /* The direct kernel: one instance per row count and per full or edge width. */
-AVX512 static void direct_f32(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
-                              int64_t m, int64_t n) {
-    if (n == NR_S)
-        direct_rows_f32(1, k, A, lda, B, ldb, C, ldc, m, n);
+AVX512 static void direct(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+                          int64_t m, int64_t n) {
+    if (n == NR)
+        direct_rows(1, k, A, lda, B, ldb, C, ldc, m, n);
     else
-        direct_rows_f32(0, k, A, lda, B, ldb, C, ldc, m, n);
+        direct_rows(0, k, A, lda, B, ldb, C, ldc, m, n);
 }
 
-/* One step of the K sum (double): the tile's accumulators += column p of the A micro-panel
- * (broadcast) x row p of the B sliver (two vectors). */
-AVX512 static inline __attribute__((always_inline)) void step_f64(const int rows, const double *restrict a,
-                                                                  const double *restrict b, __m512d c[MR_D][NV_D]) {
-    const __m512d b0 = _mm512_load_pd(b), b1 = _mm512_load_pd(b + 8);
-#pragma GCC unroll 16
-    for (int i = 0; i < rows; ++i) {
-        const __m512d ai = _mm512_set1_pd(a[i]);
-        c[i][0] = _mm512_fmadd_pd(ai, b0, c[i][0]);
-        c[i][1] = _mm512_fmadd_pd(ai, b1, c[i][1]);
-    }
-}
-
-/* One tile of `rows` x NR_D (double). Always inlined into kernel_f64 with `rows` a constant, so
- * every loop over the accumulators unrolls fully and the array lives in registers. */
-AVX512 static inline __attribute__((always_inline)) void
-tile_f64(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n, int accumulate) {
-    const double *restrict a = Ap;
-    const double *restrict b = Bp;
-    double *C = C_;
-    __m512d c[MR_D][NV_D];
-#pragma GCC unroll 16
-    for (int i = 0; i < rows; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV_D; ++v) c[i][v] = _mm512_setzero_pd();
-
-    int64_t p = 0; /* the first steps also fetch the C tile, a line per step (fetch_c_line) */
-    const int64_t fetch_steps = C_LINES_PER_ROW * rows < kc ? C_LINES_PER_ROW * rows : kc;
-    for (; p < fetch_steps; ++p, a += MR_D, b += NR_D) {
-        fetch_c_line((const char *)C, ldc * (int64_t)sizeof(double), n * (int64_t)sizeof(double), p);
-        step_f64(rows, a, b, c);
-    }
-#pragma GCC unroll 4
-    for (; p < kc; ++p, a += MR_D, b += NR_D) step_f64(rows, a, b, c);
-
-    if (n == NR_D) {
-#pragma GCC unroll 16
-        for (int i = 0; i < rows; ++i) {
-            double *row = C + i * ldc;
-#pragma GCC unroll 4
-            for (int v = 0; v < NV_D; ++v) {
-                __m512d value = c[i][v];
-                if (accumulate) value = _mm512_add_pd(_mm512_loadu_pd(row + 8 * v), value);
-                _mm512_storeu_pd(row + 8 * v, value);
-            }
-        }
-        return;
-    }
-    /* Edge tile in N: spill the registers to the stack and copy only the part inside C, so no
-     * byte outside the matrix is read or written. */
-    double tile[MR_D][NR_D] __attribute__((aligned(64)));
-#pragma GCC unroll 16
-    for (int i = 0; i < rows; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV_D; ++v) _mm512_store_pd(&tile[i][8 * v], c[i][v]);
-    packed_store_edge_f64(&tile[0][0], NR_D, C, ldc, rows, n, accumulate);
-}
-
-/* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
- * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
-AVX512 static void kernel_f64(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
-                              int accumulate) {
-    switch (m) {
-    case 14: tile_f64(14, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 13: tile_f64(13, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 12: tile_f64(12, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 11: tile_f64(11, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 10: tile_f64(10, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 9: tile_f64(9, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 8: tile_f64(8, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 7: tile_f64(7, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 6: tile_f64(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 5: tile_f64(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 4: tile_f64(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 3: tile_f64(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 2: tile_f64(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 1: tile_f64(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    }
-}
-
-/* The direct tile (double): the same register tile, reading A and B where they lie instead of
- * from packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
- * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb.
- * A full-width tile uses plain loads and stores; an edge tile (`full` 0) masks the columns
- * past n off in every load and store, so no byte outside the matrices is touched. (Masked
- * loads on full tiles, which the mask makes correct too, cost more: 64^3, one thread, two
- * runs of medians of 21 interleaved, 3-4% slower in float32 and 3-8% in float64.) C = the
- * tile (never accumulated: the direct path takes K whole). */
-AVX512 static inline __attribute__((always_inline)) void direct_tile_f64(const int rows, const int full, int64_t k,
-                                                                         const double *A, int64_t lda, const double *B,
-                                                                         int64_t ldb, double *C, int64_t ldc,
-                                                                         int64_t n) {
-    const __mmask8 mask0 = n >= 8 ? 0xFF : (__mmask8)((1u << n) - 1);
-    const __mmask8 mask1 = n >= 16 ? 0xFF : n <= 8 ? 0 : (__mmask8)((1u << (n - 8)) - 1);
-    __m512d c[MR_D][NV_D];
-#pragma GCC unroll 16
-    for (int i = 0; i < rows; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV_D; ++v) c[i][v] = _mm512_setzero_pd();
-
-#pragma GCC unroll 2
-    for (int64_t p = 0; p < k; ++p) {
-        const double *b = B + p * ldb;
-        const __m512d b0 = full ? _mm512_loadu_pd(b) : _mm512_maskz_loadu_pd(mask0, b);
-        const __m512d b1 = full ? _mm512_loadu_pd(b + 8) : _mm512_maskz_loadu_pd(mask1, b + 8);
-#pragma GCC unroll 16
-        for (int i = 0; i < rows; ++i) {
-            const __m512d ai = _mm512_set1_pd(A[i * lda + p]);
-            c[i][0] = _mm512_fmadd_pd(ai, b0, c[i][0]);
-            c[i][1] = _mm512_fmadd_pd(ai, b1, c[i][1]);
-        }
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < rows; ++i) {
-        if (full) {
-            _mm512_storeu_pd(C + i * ldc, c[i][0]);
-            _mm512_storeu_pd(C + i * ldc + 8, c[i][1]);
-        } else {
-            _mm512_mask_storeu_pd(C + i * ldc, mask0, c[i][0]);
-            _mm512_mask_storeu_pd(C + i * ldc + 8, mask1, c[i][1]);
-        }
-    }
-}
-
-AVX512 static inline __attribute__((always_inline)) void direct_rows_f64(const int full, int64_t k, const void *A,
-                                                                         int64_t lda, const void *B, int64_t ldb,
-                                                                         void *C, int64_t ldc, int64_t m, int64_t n) {
-    switch (m) {
-    case 14: direct_tile_f64(14, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 13: direct_tile_f64(13, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 12: direct_tile_f64(12, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 11: direct_tile_f64(11, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 10: direct_tile_f64(10, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 9: direct_tile_f64(9, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 8: direct_tile_f64(8, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 7: direct_tile_f64(7, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 6: direct_tile_f64(6, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 5: direct_tile_f64(5, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 4: direct_tile_f64(4, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 3: direct_tile_f64(3, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 2: direct_tile_f64(2, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 1: direct_tile_f64(1, full, k, A, lda, B, ldb, C, ldc, n); break;
-    }
-}
-
-/* The direct kernel: one instance per row count and per full or edge width. */
-AVX512 static void direct_f64(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
-                              int64_t m, int64_t n) {
-    if (n == NR_D)
-        direct_rows_f64(1, k, A, lda, B, ldb, C, ldc, m, n);
-    else
-        direct_rows_f64(0, k, A, lda, B, ldb, C, ldc, m, n);
-}
-
-const struct packed_kernel packed_avx512_f32 = {MR_S, NR_S, kernel_f32, direct_f32};
-const struct packed_kernel packed_avx512_f64 = {MR_D, NR_D, kernel_f64, direct_f64};
+const struct packed_kernel TYPED(packed_avx512) = {MR, NR, kernel, direct};
 
 #endif

@@ -24,9 +24,6 @@
 #include "matmul.h"
 #include "packed.h"
 
-static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
-
 /* ---- which micro-kernels this CPU can run ----------------------------------------------- */
 
 /* 1 if this CPU and build can run the variant (packed.c's numbers), else 0. */

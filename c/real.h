@@ -7,8 +7,11 @@
  *
  *     void TYPED(matmul_naive_ijk)(const real *A, ...)   ->   matmul_naive_ijk_f32 / _f64
  *
- * Micro-kernels whose intrinsics differ by type (_mm512_fmadd_ps against _pd) are not written
- * this way: each is spelled out for its type (packed_avx512.c, packed_avx2.c).
+ * The SIMD micro-kernels (packed_avx2.c, packed_avx512.c) are written this way too. Each says
+ * once per type, under #if on MATMUL_REAL_DOUBLE, what differs: the register type, its lane
+ * count and the intrinsics' suffix (a macro of the same kind, VEC(fmadd) -> _mm256_fmadd_ps /
+ * _pd); a handful of one-intrinsic wrappers over those (vec_load, vec_broadcast, vec_fma,
+ * vec_store, ...) follow, and the kernels over them are one text for both types.
  */
 #ifndef MATMUL_REAL_H
 #define MATMUL_REAL_H

@@ -14,13 +14,19 @@
  * workers and re-initialises the locks (which another thread may have held at the fork).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under a strict -std=c11 */
+#if defined(__APPLE__)
+#define _DARWIN_C_SOURCE /* _SC_NPROCESSORS_ONLN, which a strict POSIX level hides there */
+#endif
 #include "thread_pool.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
-enum { MAX_WORKERS = 1023 };
+#include "matmul.h"
+
+enum { MAX_WORKERS = POOL_MAX_THREADS - 1 }; /* the caller runs part 0 */
 
 static pthread_mutex_t busy = PTHREAD_MUTEX_INITIALIZER; /* one caller at a time */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* guards everything below */
@@ -159,4 +165,15 @@ void pool_run(int64_t parts, pool_task_fn task, void *context) {
     while (remaining > 0) pthread_cond_wait(&done, &lock);
     pthread_mutex_unlock(&lock);
     pthread_mutex_unlock(&busy);
+}
+
+int64_t pool_threads_for(int64_t requested, double work, int64_t max_parts) {
+    int64_t threads = requested;
+    if (threads <= 0) {
+        const long online = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = online > 0 ? online : 1;
+    }
+    const double by_work = work / POOL_MIN_WORK_PER_THREAD;
+    if (by_work < (double)threads) threads = by_work < 1 ? 1 : (int64_t)by_work;
+    return max_i64(1, min_i64(min_i64(threads, max_parts), POOL_MAX_THREADS));
 }

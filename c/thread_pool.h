@@ -20,4 +20,19 @@ typedef void (*pool_task_fn)(void *context, int64_t part);
 
 void pool_run(int64_t parts, pool_task_fn task, void *context);
 
+enum {
+    /* The most threads one call runs on: the caller and POOL_MAX_THREADS - 1 workers (parts
+     * beyond them run on the caller, after its own). */
+    POOL_MAX_THREADS = 1024,
+    /* Below this many multiply-adds a thread, waking one costs more than it saves. */
+    POOL_MIN_WORK_PER_THREAD = 1 << 19,
+};
+
+/* The library's one thread-count policy: how many parts to cut a job of `work` multiply-adds
+ * into. `requested` threads (every online core if <= 0), fewer where a thread would get under
+ * POOL_MIN_WORK_PER_THREAD, never more than the job's max_parts independent pieces or
+ * POOL_MAX_THREADS, and at least 1. A speed choice only: every kernel here gives the same bits
+ * for every thread count. */
+int64_t pool_threads_for(int64_t requested, double work, int64_t max_parts);
+
 #endif
