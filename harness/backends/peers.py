@@ -28,8 +28,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from harness.backends.torch_int4 import int4_operands
 from harness.model.core import Backend, Implementation, Prepared
+from harness.model.quant import int4_operands
 from harness.model.registry import register
 
 # CBLAS enums

@@ -26,21 +26,12 @@ import numpy as np
 from harness.backends import gpu
 from harness.backends.decode import decode_inputs
 from harness.model.core import Backend, Implementation, MatmulInputError, Prepared
+from harness.model.quant import int4_operands
 from harness.model.registry import register
 from harness.model.timing import Timing
 
 GROUP = 32
 INNER_K_TILES = 2  # K must be a multiple of 32 * INNER_K_TILES
-
-
-def int4_operands(weights):
-    """(q [N, K] uint8 0..15, scales [N, K/32] float32) of q4_0 weights: weight = scale * (q - 8)."""
-    n, k = weights.n, weights.k
-    blocks = weights.data.reshape(n, k // 32, 18)
-    scales = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0].astype(np.float32)
-    packed = blocks[..., 2:]
-    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(n, k)  # weights 0..15, then 16..31
-    return q, scales
 
 
 class _Prepared(Prepared):

@@ -253,3 +253,14 @@ def quantize(w, format: str) -> QuantizedWeights:
             f"{_FP16_MAX * (127 if fmt.name == 'q8_0' else 8):.3g} in magnitude"
         )
     return QuantizedWeights(fmt.name, n, k, np.concatenate([scale.view(np.uint8), q], axis=-1).reshape(-1))
+
+
+def int4_operands(weights):
+    """(q [N, K] uint8 0..15, scales [N, K/32] float32) of q4_0 weights, weight = scale * (q - 8):
+    the operands of torch's int4 kernels (backends/torch_int4.py, peers.py)."""
+    n, k = weights.n, weights.k
+    blocks = weights.data.reshape(n, k // 32, 18)
+    scales = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0].astype(np.float32)
+    packed = blocks[..., 2:]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(n, k)  # weights 0..15, then 16..31
+    return q, scales

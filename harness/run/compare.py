@@ -21,6 +21,7 @@ from harness.backends import gpu
 from harness.backends.external import add_external, external_recipe, is_external
 from harness.backends.gpu import DeviceProblem
 from harness.env.cores import usable_cores
+from harness.model import quant
 from harness.model.checking import Reference, check, reference_data
 from harness.model.core import (
     InputGuard,
@@ -31,7 +32,6 @@ from harness.model.core import (
     wrote_inputs_message,
 )
 from harness.model.inputs import Shape, dtype_name, make_inputs, parse_shape
-from harness.model.quant import format_of, quantize
 from harness.model.registry import REGISTRY, describe, implementations
 from harness.model.timing import SETTLE_SECONDS, Timing, time_cpu
 from harness.run import machine
@@ -81,7 +81,7 @@ def _weight_formats(weights, baselines: bool) -> list[str]:
     if weights is None:
         return []
     formats = [weights] if isinstance(weights, str) else list(weights)
-    formats = [FLOAT_WEIGHTS if text == FLOAT_WEIGHTS else format_of(text).name for text in formats]
+    formats = [FLOAT_WEIGHTS if text == FLOAT_WEIGHTS else quant.format_of(text).name for text in formats]
     if baselines and FLOAT_WEIGHTS not in formats:
         formats.append(FLOAT_WEIGHTS)  # what the baseline and the peers run: the "vs base" of every row
     return list(dict.fromkeys(formats))
@@ -290,7 +290,7 @@ class _Problem:
         a, b = make_inputs(self.shape, self.dtype, self.seed)
         a.flags.writeable = False
         if self.quantized:
-            w = quantize(np.ascontiguousarray(b.T), self.weights)  # raises MatmulInputError (K % 32) for all rows
+            w = quant.quantize(np.ascontiguousarray(b.T), self.weights)  # raises MatmulInputError (K % 32) for all rows
             self._float_b = w.dequantize().T
             return a, w
         b.flags.writeable = False
