@@ -4,26 +4,40 @@
 #
 #   scripts/gpu_check.sh OUT_DIR
 #
-# Steps, in order of value; each gets what is left of the deadline, up to its own cap:
+# Steps, in order of value (what has never been measured first); each gets what is left of the
+# deadline, up to its own cap:
 #   environment  nvidia-smi, Python packages, the CUDA toolkit found, compute-sanitizer
-#   loaders      PyCUDA from build/gpu-wheels (a prebuilt wheel, else its sdist compiled here);
-#                if that fails the kernels still run, through the CuPy fallback loader
+#   loaders      PyCUDA (and cffi) from the prebuilt wheels of build/gpu-wheels, if the run
+#                carried them; else the kernels run through CuPy (PyCUDA is never compiled on
+#                the GPU machine: its build would take minutes of the loan, and CuPy loads the
+#                same cubins)
 #   compile      every kernel compiled for this GPU, with registers and spills (cuda-info)
 #   smoke        each kernel never run on a GPU before, at one shape, alone in a process under
 #                its own timeout: ok, WRONG, FAULT or HUNG (the phase it reached; a pipelined
 #                kernel that hung is tried again, built to report its producer's and consumers'
 #                k-steps: cuda/progress.h)
-#   comparison   GEMM 4096 and 8192 in float32, bfloat16 and float16 and GEMV 1x16384x16384
-#                against cuBLAS, then decode (1x16384x16384 and 1x28672x8192 with q4_0, q8_0 and
-#                bf16 weights, beside cuBLAS's FP32 and BF16 GEMV and torch's int4 kernel, then
-#                M = 2..16 in q4_0), in groups of one process each (cuBLAS first, a kernel the
-#                smoke test condemned skipped); the JSON is rewritten after every group
+#   decode       the decode rows every decode verdict needs: q4_0 at 1x16384x16384 and
+#                1x28672x8192 through cuda.decode, triton.decode and torch.int4_gpu, beside
+#                cuBLAS's FP32 product at the same shapes
+#   comparison   GEMM 4096 and 8192 in bfloat16: cuBLAS, then the never-run kernels
 #   correctness  every CUDA and Triton kernel at the edge shapes, outputs pre-filled with NaN,
-#                through every installed loader (tests/test_cuda_gpu.py, test_triton_gpu.py),
-#                the never-run kernels first, a timeout per test, one config per autotuned kernel
-#   verdicts     the speed targets, read from that JSON (nothing re-measured)
+#                through the loader the comparison used (tests/test_cuda_gpu.py,
+#                test_triton_gpu.py), the never-run and decode kernels first, a timeout per
+#                test, one config per autotuned kernel
 #   sanitizer    compute-sanitizer memcheck and racecheck of every CUDA kernel at ragged shapes
+#   rest         the rest of the comparison, as time allows: decode in q8_0 and bf16, batched
+#                decode, cuBLAS's BF16 GEMV at the decode shapes, the GEMV and GEMM kernels an
+#                H200 has measured before (scripts/gpu_steps.py, default_groups)
+#   verdicts     the speed targets, read from every comparison row (nothing re-measured); the
+#                steps before it always leave it its few seconds
 #   experiments  the GPU half of the experiments, with whatever time is left
+#
+# The comparison steps run groups of one process each (a kernel the smoke step condemned is
+# skipped); each row is written as soon as it is measured; a row past its time limit is a hang,
+# and one that raises or crashes ends its process: either way the group goes on in a new one
+# without that kernel. comparison.json is rewritten after every group.
+# Every process a step starts dies with it, whatever session it moved to: the step's
+# environment carries a mark, and what still carries it when the step ends is killed.
 #
 # OUT_DIR receives three files, written as the run goes, so a run cut short still returns what
 # finished: summary.txt (one line per step: ok, failed with its last lines, killed at its time
@@ -33,9 +47,11 @@
 # correctness steps.
 #
 # Environment: MATMUL_GPU_DEADLINE (seconds for the whole run, default 480: one 10-minute
-# command, with room left for a second try in a 15-minute loan), MATMUL_GPU_WHEELS
-# (default build/gpu-wheels, made by scripts/prepare_gpu_wheels.sh), PYTHON (default python3),
-# MATMUL_GPU_TIME_SCALE (multiplies every step's budget; the dry-run test shrinks them).
+# command; in a 15-minute loan whose machine takes 2-4 minutes to start, that leaves at most
+# about 150 s for a follow-up command, not a second run), MATMUL_GPU_WHEELS (default
+# build/gpu-wheels, made by scripts/prepare_gpu_wheels.sh on a machine with network and carried
+# with the repository), PYTHON (default python3), MATMUL_GPU_TIME_SCALE (multiplies every step's
+# budget and timeout; the dry-run test shrinks them).
 # GPU_CHECK_STUB_<STEP> replaces a step's commands with a shell snippet (the dry-run test).
 # Exit status: 0 when every step that ran passed.
 set -uo pipefail
@@ -44,17 +60,25 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SELF="$ROOT/scripts/gpu_check.sh"
 PYTHON="${PYTHON:-python3}"
 
-# name, seconds it needs at least to be worth starting, seconds it may take at most
+# Name, seconds it needs at least to be worth starting, seconds it may take at most, and seconds
+# it is expected to take on an H200: measured there (the run of 2026-11-30, results/gpu/:
+# environment 7, loaders 4 with the prebuilt wheel, compile 9, sanitizer 13, 428 correctness
+# tests through two loaders 102) or estimated; "plan" for a comparison step: its groups'
+# DEVICE_SECONDS in scripts/gpu_steps.py plus their host-side setup, which
+# tests/test_gpu_check_dry_run.py measures where it runs, to check that the plan fits the
+# deadline with the decode rows written within its first 200 s.
 STEPS=(
-    "environment 5 30"
-    "loaders 10 120"
-    "compile 10 60"
-    "smoke 15 100"
-    "comparison 40 200"
-    "correctness 30 150"
-    "verdicts 2 15"
-    "sanitizer 20 90"
-    "experiments 30 300"
+    "environment 5 15 7"
+    "loaders 5 20 4"
+    "compile 10 30 12"
+    "smoke 15 75 30"
+    "decode 30 90 plan"
+    "comparison 30 90 plan"
+    "correctness 30 150 100"
+    "sanitizer 15 45 15"
+    "rest 30 185 plan"
+    "verdicts 5 20 4"
+    "experiments 30 300 0"
 )
 
 SCALE="${MATMUL_GPU_TIME_SCALE:-1}"
@@ -89,51 +113,33 @@ EOF
 step_loaders() {
     local wheels="${MATMUL_GPU_WHEELS:-$ROOT/build/gpu-wheels}" missing=() name
     mkdir -p "$SITE"
-    for name in cffi pycparser pytools platformdirs mako markupsafe siphash24; do
-        "$PYTHON" -c "import $name" 2>/dev/null || missing+=("$name")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        echo "installing into $SITE: ${missing[*]}"
-        "$PYTHON" -m pip install --quiet --no-index --no-deps --find-links "$wheels" --target "$SITE" "${missing[@]}" \
-            || echo "could not install some of: ${missing[*]}"
-    fi
-    if "$PYTHON" -c "import pycuda.driver" 2>/dev/null; then
-        echo "pycuda already importable"
-    elif "$PYTHON" -m pip install --no-index --no-deps --only-binary pycuda --find-links "$wheels" --target "$SITE" pycuda \
-        && "$PYTHON" -c "import pycuda.driver"; then
-        echo "pycuda installed from a prebuilt wheel"
+    if [ -d "$wheels" ]; then
+        for name in cffi pycparser pytools platformdirs mako markupsafe siphash24; do
+            "$PYTHON" -c "import $name" 2>/dev/null || missing+=("$name")
+        done
+        if [ ${#missing[@]} -gt 0 ]; then
+            echo "installing into $SITE: ${missing[*]}"
+            "$PYTHON" -m pip install --quiet --no-index --no-deps --find-links "$wheels" --target "$SITE" \
+                "${missing[@]}" || echo "could not install some of: ${missing[*]}"
+        fi
+        if "$PYTHON" -c "import pycuda.driver" 2>/dev/null; then
+            echo "pycuda already importable"
+        elif "$PYTHON" -m pip install --quiet --no-index --no-deps --only-binary pycuda \
+                --find-links "$wheels" --target "$SITE" pycuda && "$PYTHON" -c "import pycuda.driver"; then
+            echo "pycuda installed from a prebuilt wheel"
+        else
+            rm -rf "$SITE"/pycuda "$SITE"/pycuda-*
+            echo "no PyCUDA wheel in $wheels works with $("$PYTHON" -V 2>&1)"
+        fi
     else
-        rm -rf "$SITE"/pycuda "$SITE"/pycuda-*
-        build_pycuda_sdist "$wheels" || true
+        echo "no $wheels (scripts/prepare_gpu_wheels.sh makes it, and the run carries it)"
     fi
+    # No PyCUDA source build here: it would take minutes of the loan, and CuPy loads the same cubins.
     "$PYTHON" -c "import pycuda.driver as d; d.init(); print('pycuda', d.get_version(), 'driver', d.get_driver_version(), d.Device(0).name())" \
         && return 0
-    echo "PyCUDA is unusable here: the CUDA kernels run through the CuPy fallback loader"
-    "$PYTHON" -c "import cupy; print('cupy', cupy.__version__)"
-    return 1  # a failure to report, though later steps go on with CuPy
-}
-
-build_pycuda_sdist() {
-    local wheels="$1" sdist cuda_root work src libcuda
-    sdist="$(ls "$wheels"/pycuda-*.tar.gz 2>/dev/null | sort | tail -n 1)"
-    [ -n "$sdist" ] || { echo "no pycuda wheel or sdist in $wheels (run scripts/prepare_gpu_wheels.sh)"; return 1; }
-    cuda_root="$(cd "$ROOT" && "$PYTHON" -c 'from harness.backends.cuda import toolkit; print(toolkit.cuda_root() or "")')"
-    [ -n "$cuda_root" ] || { echo "no CUDA toolkit with include/cuda.h found"; return 1; }
-    export PATH="$cuda_root/bin:$PATH"
-    work="$(mktemp -d)"
-    tar xzf "$sdist" -C "$work"
-    src="$(ls -d "$work"/pycuda-*/ | head -n 1)"
-    libcuda="$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')"
-    for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64; do
-        [ -z "$libcuda" ] && [ -e "$d/libcuda.so.1" ] && libcuda="$d/libcuda.so.1"
-    done
-    [ -n "$libcuda" ] || { echo "no libcuda.so.1 found"; return 1; }
-    mkdir -p "$work/libcuda" && ln -s "$libcuda" "$work/libcuda/libcuda.so"
-    printf "CUDA_ROOT = '%s'\nCUDA_ENABLE_CURAND = False\nCUDADRV_LIB_DIR = ['%s']\nCUDART_LIB_DIR = ['%s/lib64']\n" \
-        "$cuda_root" "$work/libcuda" "$cuda_root" > "$src/siteconf.py"
-    echo "building PyCUDA from $sdist against $cuda_root"
-    (cd "$src" && "$PYTHON" setup.py build_ext -j "$(nproc)" > "$STEP_DIR/pycuda-build.txt" 2>&1) || { tail -n 20 "$STEP_DIR/pycuda-build.txt"; return 1; }
-    "$PYTHON" -m pip install --quiet --no-index --no-deps --no-build-isolation --target "$SITE" "$src"
+    "$PYTHON" -c "import cupy; print('cupy', cupy.__version__)" \
+        || { echo "neither PyCUDA nor CuPy can load the CUDA kernels"; return 1; }
+    echo "the CUDA kernels run through CuPy"
 }
 
 step_compile() {
@@ -144,28 +150,44 @@ step_compile() {
 
 step_smoke() {
     cd "$ROOT" || return 1
-    "$PYTHON" scripts/gpu_steps.py smoke --out "$STEP_DIR" --timeout "$(scaled 40)"
+    "$PYTHON" scripts/gpu_steps.py smoke --out "$STEP_DIR" --timeout "$(scaled 25)"
 }
 
-step_comparison() {
+# A comparison step: its part of the plan (default_groups in scripts/gpu_steps.py), the rows of
+# the steps before it merged into its JSON (the speedups need the baseline's rows, and a row
+# measured there is not measured again).
+compare_part() {
+    local part="$1" task_timeout="$2" prior=() earlier
+    shift 2
+    for earlier in "$@"; do prior+=("$WORK/$earlier/rows.jsonl"); done
     cd "$ROOT" || return 1
-    # The plan (groups, shapes, dtypes) is default_groups() in scripts/gpu_steps.py.
-    "$PYTHON" scripts/gpu_steps.py compare --out "$STEP_DIR" --budget $((STEP_BUDGET - 5)) \
-        --smoke "$WORK/smoke/smoke.json" --min-time 0.1
+    "$PYTHON" scripts/gpu_steps.py compare --part "$part" --out "$STEP_DIR" --budget $((STEP_BUDGET - 3)) \
+        --smoke "$WORK/smoke/smoke.json" --min-time 0.1 --task-timeout "$(scaled "$task_timeout")" \
+        --prior ${prior[@]+"${prior[@]}"}
 }
+
+# seconds a row may take (its compile and autotuning included) before it counts as hung
+step_decode() { compare_part decode 45; }
+step_comparison() { compare_part comparison 60 decode; }
+step_rest() { compare_part rest 60 decode comparison; }
 
 step_correctness() {
     cd "$ROOT" || return 1
     MATMUL_TRITON_CHECK_MODE=1 "$PYTHON" scripts/gpu_steps.py tests --out "$STEP_DIR" \
-        --budget $((STEP_BUDGET - 3)) --test-timeout "$(scaled 60)" \
-        --first cuda.wgmma cuda.mma matmul_tma -- tests/test_cuda_gpu.py tests/test_triton_gpu.py
+        --budget $((STEP_BUDGET - 3)) --test-timeout "$(scaled 60)" --loader auto \
+        --first cuda.wgmma cuda.mma matmul_tma decode -- tests/test_cuda_gpu.py tests/test_triton_gpu.py
 }
 
 step_verdicts() {
-    local comparison="$WORK/comparison/comparison.json"
-    [ -f "$comparison" ] || { echo "no comparison.json: the comparison step did not finish"; return 1; }
-    cd "$ROOT" && "$PYTHON" -m harness verdicts "$comparison" | tee "$STEP_DIR/verdicts.txt"
-    return "${PIPESTATUS[0]}"
+    local rows=("$WORK/decode/rows.jsonl" "$WORK/comparison/rows.jsonl" "$WORK/rest/rows.jsonl") status
+    cd "$ROOT" || return 1
+    # every row the comparison steps wrote, whichever of them were cut short
+    "$PYTHON" scripts/gpu_steps.py merge --out "$STEP_DIR" "${rows[@]}" || return 1
+    "$PYTHON" -m harness verdicts "$STEP_DIR/comparison.json" | tee "$STEP_DIR/verdicts.txt"
+    status=${PIPESTATUS[0]}
+    # the plot last: a cut there loses only the plot
+    "$PYTHON" scripts/gpu_steps.py merge --plot --out "$STEP_DIR" "${rows[@]}" > /dev/null
+    return "$status"
 }
 
 step_sanitizer() {
@@ -200,10 +222,14 @@ if [ "${1:-}" = "--list-steps" ]; then
     for step in "${STEPS[@]}"; do echo "${step%% *}"; done
     exit 0
 fi
+if [ "${1:-}" = "--steps" ]; then  # the plan: name, least, most, expected
+    printf '%s\n' "${STEPS[@]}"
+    exit 0
+fi
 
 # ---- the run -------------------------------------------------------------------------------
 if [ $# -ne 1 ]; then
-    echo "usage: $0 OUT_DIR   (or --list-steps)" >&2
+    echo "usage: $0 OUT_DIR   (or --list-steps, or --steps: the plan)" >&2
     exit 2
 fi
 mkdir -p "$1"
@@ -225,15 +251,39 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 log() { echo "[gpu_check +$(( $(date +%s) - START ))s] $*"; }
 summary() { echo "$*" >> "$OUT/summary.txt"; }
 
+# The processes a step started, whatever session or process group they moved to (a kernel's
+# compile server, a group's process whose parent was killed): their environment carries the
+# step's mark. None may outlive its step and hold the GPU through the next ones. Linux (/proc).
+leftovers() {
+    local pid
+    for pid in $(grep -lsxzF "GPU_CHECK_STEP=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
+        [ "$pid" != "$$" ] && echo "$pid"
+    done
+}
+kill_leftovers() {
+    local mark="$1" pids count=0 try
+    for try in 1 2 3; do  # (one may start another while the first is being killed)
+        pids="$(leftovers "$mark")"
+        [ -n "$pids" ] || break
+        count=$((count + $(wc -w <<< "$pids")))
+        kill -9 $pids 2>/dev/null
+        sleep 0.2
+    done
+    [ "$count" -eq 0 ] || echo "$count"
+}
+
 # The sources' own hash: a copied tree may carry no .git, or a stale one.
 sources_hash="$(cd "$ROOT" && find harness cuda triton scripts tests -type f \( -name '*.py' -o -name '*.cu' -o -name '*.h' -o -name '*.sh' \) \
     | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)"
 summary "gpu_check: deadline ${DEADLINE}s, started $(date -u +%Y-%m-%dT%H:%M:%SZ), sources $sources_hash"
+verdicts_keep="$(scaled 5)"  # the verdicts step's least: the steps before it leave it that
 for step in "${STEPS[@]}"; do
-    read -r name least most <<< "$step"
+    read -r name least most _ <<< "$step"
     least="$(scaled "$least")"
     most="$(scaled "$most")"
     left=$((END - $(date +%s) - RESERVE))
+    [ "$name" = verdicts ] && verdicts_keep=0
+    left=$((left - verdicts_keep))
     if [ "$left" -lt "$least" ]; then
         log "$name: skipped for time (needs ${least}s, ${left}s left)"
         summary "$(printf '%-12s skipped for time (needs %ss, %ss left)' "$name" "$least" "$left")"
@@ -244,15 +294,28 @@ for step in "${STEPS[@]}"; do
     mkdir -p "$STEP_DIR"
     log "$name: start (up to ${budget}s)"
     began=$(date +%s)
-    STEP_DIR="$STEP_DIR" STEP_BUDGET="$budget" timeout --kill-after=2 "$budget" "$SELF" --step "$name" 2>&1 \
-        | tee "$STEP_DIR/output.txt"
-    rc=${PIPESTATUS[0]}
+    # The step's output goes through a FIFO to a tee of this shell's (never to a pipe it waits
+    # on: a process the step left behind could hold that open, and the run with it).
+    mark="$name-$$-$began"
+    fifo="$WORK/.output-$name"
+    mkfifo "$fifo"
+    tee "$STEP_DIR/output.txt" < "$fifo" &
+    teeing=$!
+    env STEP_DIR="$STEP_DIR" STEP_BUDGET="$budget" GPU_CHECK_STEP="$mark" \
+        timeout --kill-after=2 "$budget" "$SELF" --step "$name" > "$fifo" 2>&1
+    rc=$?
     took=$(( $(date +%s) - began ))
+    killed="$(kill_leftovers "$mark")"
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$teeing" 2>/dev/null || break; sleep 0.2; done
+    kill "$teeing" 2>/dev/null
+    wait "$teeing" 2>/dev/null
+    rm -f "$fifo"
     case $rc in
         0) outcome="ok" ;;
         124|137) outcome="killed at its ${budget}s limit"; STATUS=1 ;;
         *) outcome="failed (exit $rc)"; STATUS=1 ;;
     esac
+    [ -z "$killed" ] || outcome="$outcome, $killed process(es) it left running killed"
     log "$name: $outcome after ${took}s"
     summary "$(printf '%-12s %s after %ss' "$name" "$outcome" "$took")"
     # A line per kernel, group or failed test where the step keeps them; else a failure's last lines.

@@ -5,8 +5,11 @@ timeouts, because a hung kernel cannot be interrupted from Python and a faulting
 its process's CUDA context for every later launch:
 
     python scripts/gpu_steps.py smoke   --out DIR [--timeout S]
-    python scripts/gpu_steps.py compare --out DIR [--budget S] [--group NAME:IMPLS:SHAPES:DTYPES[:WEIGHTS] ...]
-    python scripts/gpu_steps.py tests   --out DIR [--budget S] [--test-timeout S] [--first PATTERN ...] TESTS...
+    python scripts/gpu_steps.py compare --out DIR [--part PART | --group NAME:IMPLS:SHAPES:DTYPES[:WEIGHTS] ...]
+                                        [--budget S] [--task-timeout S] [--prior ROWS.jsonl ...]
+    python scripts/gpu_steps.py merge   --out DIR [--plot] ROWS.jsonl ...
+    python scripts/gpu_steps.py tests   --out DIR [--budget S] [--test-timeout S] [--first PATTERN ...]
+                                        [--loader NAME|auto] TESTS...
 
 smoke    Each kernel that has never run on a GPU, at one shape that wraps its pipeline ring
          and gives its persistent blocks uneven numbers of tiles, alone in a process: ok,
@@ -14,24 +17,36 @@ smoke    Each kernel that has never run on a GPU, at one shape that wraps its pi
          timeout, with the phase it had reached). A pipelined kernel that hung is tried once
          more, built to report how far its producer and consumers got (cuda/progress.h).
          smoke.json and smoke.txt.
-compare  The comparison in groups, one process each: the baseline (cuBLAS) first, then each
-         never-run kernel alone, then the proven ones, then the decode kernels (quantized
-         weights: a group's WEIGHTS); a kernel the smoke step found hung or faulting is
-         skipped. Every finished problem (shape, dtype, weight format) appends its rows to
-         rows.jsonl at once, and comparison.json and .csv are rewritten whole after every group, so a run cut
-         anywhere keeps what finished. groups.txt says how each group ended.
+compare  One part of the plan (default_groups: the GPU script runs "decode", then "comparison",
+         then, after the correctness tests, "rest"), in groups of one process each; a
+         kernel the smoke step found hung or faulting is skipped. A group's process makes each
+         problem's inputs once (one W per shape for every weight format, the float64 reference
+         on the GPU: SharedProblem) and appends each implementation's row to rows.jsonl as soon
+         as it is measured. A row that takes longer than --task-timeout is a hang: the process
+         is killed, the row says so, and the group goes on in a new process without that
+         implementation. comparison.json and .csv (with the --prior steps' rows: the speedups
+         need the baseline's) are rewritten whole after every group, so a run cut anywhere keeps
+         what finished; groups.txt says how each group ended, and each group's log what its
+         host-side setup cost.
+merge    comparison.json and .csv from the rows.jsonl of several compare steps (the verdicts'
+         input), optionally with the plot.
 tests    pytest with a timeout per test: the tests matching --first (the never-run kernels)
-         before the rest; a test that hangs is recorded and pytest restarted past it; every
-         failure and hang named in tests-summary.txt.
+         before the rest; with --loader, the tests of one CUDA loader only; a test that hangs is
+         recorded and pytest restarted past it; every failure and hang named in tests-summary.txt.
 
 The dry run (tests/test_gpu_check_dry_run.py) replaces the GPU with CPU implementations through
---kernels and --group, and GPU_STEPS_STAND_IN="name=hang,name=fault" makes a child process
-stand in a hang or a fault when it reaches that implementation.
+--kernels and --group (or GPU_STEPS_PLAN, a plan for every part), and
+GPU_STEPS_STAND_IN="name=hang,name=fault" makes a child process stand in a hang or a fault when
+it reaches that implementation ("crash": a fault that kills the process; "hang-detached": a hang
+that has also started a process of its own session, as a compiler or a server would, which only
+the GPU script's sweep can find). It
+also times each group's host-side setup here (host_setup_seconds) to check that the plan fits.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -40,14 +55,18 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 STAND_IN_ENV = "GPU_STEPS_STAND_IN"
+PLAN_ENV = "GPU_STEPS_PLAN"  # JSON {part: ["NAME:IMPLS:SHAPES:DTYPES[:WEIGHTS]", ...]}: replaces default_groups
 
 # Never run on a GPU before (cuda.mma, cuda.wgmma and triton.matmul_tma). The smoke shape:
 # 2048 x 4096 is 16 x 16 = 256 tiles of 128 x 256 on 132 SMs (124 persistent blocks take two
@@ -62,42 +81,95 @@ ALL_DTYPES = ["float32", "bfloat16", "float16"]
 # Decode: X [M, K] float32 times W [N, K] in each format, W at least 100 MB in q4_0 (151 and 132
 # MB), so the L2 (50-60 MB) cannot hold it; "float32" is the plain product (cuBLAS's FP32 GEMV),
 # and cuBLAS's BF16 GEMV (torch.matmul on bfloat16 weights) is the plain bfloat16 problem at the
-# same shapes. Then batched decode, M = 2..16, at one of them, in q4_0.
+# same shapes. Then batched decode at one of them, in q4_0 (BATCH_SHAPES).
 DECODE_SHAPES = ["1x16384x16384", "1x28672x8192"]
-DECODE_WEIGHTS = ["q4_0", "q8_0", "bf16", "float32"]  # in order of value: the verdicts judge q4_0
-BATCH_SHAPES = ["2x28672x8192", "4x28672x8192", "8x28672x8192", "16x28672x8192"]
+FLOAT_WEIGHTS = "float32"  # a decode problem's unquantized weights: the plain product (harness.run.compare)
+DECODE_WEIGHTS = ["q4_0", "q8_0", "bf16", FLOAT_WEIGHTS]  # in order of value: the verdicts judge q4_0
+BATCH_SHAPES = ["4x28672x8192", "16x28672x8192"]  # the 4- and 16-row tiles of cuda/decode.cu
+
+# The GPU script's comparison steps, in the order it runs them: the decode rows the verdicts
+# judge first (never measured yet), then the never-run GEMM kernels beside their baseline, then
+# (after the correctness tests) the other decode problems and what an H200 has measured before.
+PARTS = ("decode", "comparison", "rest")
 
 
-def default_groups() -> list[tuple[str, list[str], list[str], list[str], list[str]]]:
-    """(name, implementations, shapes, dtypes, weight formats) in order of value, from the
-    registry: the baseline, each never-run kernel alone, then the proven kernels of each
-    language, then the decode kernels and their GPU peers (weight formats: [] for a plain
-    matmul). GEMV shapes run only the GEMV kernels (a GEMM kernel at M = 1 says nothing the
-    GEMV rows do not)."""
+class Group(NamedTuple):
+    """One process of the comparison: every implementation at every shape, dtype and weight
+    format (``weights``: decode problems; [] for a plain matmul), problem by problem, each
+    problem's inputs made once for all its rows."""
+
+    name: str
+    impls: list[str]
+    shapes: list[str]
+    dtypes: list[str]
+    weights: list[str]
+
+
+def default_groups(part: str | None = None) -> list[Group]:
+    """The groups of one part of the plan (all of them, in order, for None), in order of value,
+    from the registry. Implementations that multiply the same inputs share a group (and so its
+    inputs and references): a hang or a fault costs only that implementation's rows, since the
+    group goes on in a new process without it (compare). In each problem the baseline comes
+    first, our kernels before their peers. GPU_STEPS_PLAN replaces the plan (the dry run).
+
+    decode           q4_0 at both decode shapes: cuda.decode, triton.decode, torch.int4_gpu,
+                     and cuBLAS's FP32 product at the same shapes (every decode verdict)
+    comparison       GEMM 4096 and 8192 in bfloat16: cuBLAS, then the never-run kernels (their
+                     verdicts)
+    rest             decode in q8_0 and bf16, batched decode (M = 4, 16) in q4_0, cuBLAS's BF16
+                     GEMV at the decode shapes; GEMV 1x16384x16384 (cuBLAS, cuda.gemv,
+                     triton.gemv); every GEMM in float32, float16 and bfloat16 (cuBLAS first; the
+                     rows measured in an earlier step are not measured again)
+    """
+    if os.environ.get(PLAN_ENV):
+        plan = json.loads(os.environ[PLAN_ENV])
+        return [parse_group(text) for name in (PARTS if part is None else [part]) for text in plan.get(name, [])]
     import harness
 
     gpu = [impl for impl in harness.implementations() if impl.device == "gpu" and not impl.baseline]
     baselines = [impl.name for impl in harness.implementations() if impl.device == "gpu" and impl.baseline]
-    groups = [("baseline", baselines, GEMM_SHAPES + GEMV_SHAPES, ALL_DTYPES, [])]
-    groups += [(name, [name], GEMM_SHAPES, list(harness.lookup(name).dtypes), []) for name in NEVER_RUN]
-    for language in ("cuda", "triton"):
-        proven = [
-            impl.name
-            for impl in gpu
-            if impl.language == language
-            and impl.operation == "gemm"
-            and impl.name not in NEVER_RUN
-            and not impl.weights
-        ]
-        groups.append((language, proven, GEMM_SHAPES, ALL_DTYPES, []))
-    groups.append(("gemv", [impl.name for impl in gpu if impl.operation == "gemv"], GEMV_SHAPES, ALL_DTYPES, []))
-    decode = [impl.name for impl in gpu if impl.weights]  # ours and the GPU peers (torch.int4_gpu)
-    groups.append(("decode", baselines + decode, DECODE_SHAPES, ["float32"], DECODE_WEIGHTS))
-    groups.append(("decode-cublas-bf16", baselines, DECODE_SHAPES, ["bfloat16"], []))
-    groups.append(
-        ("decode-batch", [impl.name for impl in gpu if "q4_0" in impl.weights], BATCH_SHAPES, ["float32"], ["q4_0"])
-    )
-    return groups
+    ours_first = sorted(gpu, key=lambda impl: impl.peer)
+    q4_0 = [impl.name for impl in ours_first if "q4_0" in impl.weights]
+    more = [w for w in DECODE_WEIGHTS if w not in ("q4_0", FLOAT_WEIGHTS)]
+    gemm = [impl.name for impl in gpu if impl.operation == "gemm" and not impl.weights]
+    plan = {
+        "decode": [Group("decode-q4_0", q4_0 + baselines, DECODE_SHAPES, ["float32"], ["q4_0", FLOAT_WEIGHTS])],
+        "comparison": [Group("gemm-new", baselines + NEVER_RUN, GEMM_SHAPES, [SMOKE_DTYPE], [])],
+        "rest": [
+            Group(
+                "decode-more",
+                [i.name for i in ours_first if set(more) & set(i.weights)],
+                DECODE_SHAPES,
+                ["float32"],
+                more,
+            ),
+            Group("decode-batch", q4_0, BATCH_SHAPES, ["float32"], ["q4_0"]),
+            Group("decode-cublas-bf16", baselines, DECODE_SHAPES, ["bfloat16"], []),
+            Group("gemv", baselines + [i.name for i in gpu if i.operation == "gemv"], GEMV_SHAPES, ALL_DTYPES, []),
+            Group("gemm", baselines + [n for n in gemm if n not in NEVER_RUN] + NEVER_RUN, GEMM_SHAPES, ALL_DTYPES, []),
+        ],
+    }
+    return [group for name in (PARTS if part is None else [part]) for group in plan[name]]
+
+
+# Seconds each group of the plan is expected to keep the GPU machine busy beyond its host-side
+# setup (host_setup_seconds measures that): its process's start (Python, torch, the CUDA
+# context: about 5 s), compiles (nvcc's cubins are cached by the compile step; Triton about 2 s
+# a config), autotuning, the timed runs (min_time 0.1 s a row, the L2 flushed before each
+# repeat: about 0.3 s a row), copies to the GPU and the float64 references there. Estimates:
+# none of these groups has run as such; the H200 run of 2026-11-30 (results/gpu/) bounds them,
+# its comparison of the proven GEMM and GEMV kernels at these shapes (host setup included, two
+# loaders' worth of compiles) having taken 123 s. tests/test_gpu_check_dry_run.py adds the host
+# setup measured where it runs and checks that the plan fits the GPU script's deadline.
+DEVICE_SECONDS = {
+    "decode-q4_0": 35,  # 8 rows; triton.decode tunes 6 configs (6 compiles), at 2 shapes
+    "gemm-new": 45,  # 8 rows; triton.matmul_tma tunes 8 configs at 2 shapes
+    "decode-more": 40,  # 8 rows; triton.decode tunes 6 configs for each of 2 formats
+    "decode-batch": 35,  # 6 rows; triton.decode's rows kernel tunes up to 9 configs per shape
+    "decode-cublas-bf16": 8,  # 2 rows
+    "gemv": 20,  # 8 rows; triton.gemv tunes per dtype
+    "gemm": 90,  # 25 rows to measure (the rest refused, or measured by gemm-new); triton.matmul tunes per problem
+}
 
 
 # ---- shared pieces -------------------------------------------------------------------------
@@ -112,11 +184,18 @@ def stand_in(name: str) -> None:
     """In the dry run, behave as a hung or a faulting kernel would when ``name`` is reached."""
     wanted = dict(item.split("=", 1) for item in os.environ.get(STAND_IN_ENV, "").split(",") if "=" in item)
     behaviour = wanted.get(name)
+    if behaviour == "hang-detached":
+        # what a kernel's build or a compile server may leave: a process of its own session,
+        # out of reach of any kill aimed at this one's group, that does not die with it either
+        subprocess.Popen(["sleep", "3600"], start_new_session=True)
+        behaviour = "hang"
     if behaviour == "hang":
         while True:  # a kernel that never finishes: nothing in Python can interrupt it either
             time.sleep(3600)
     if behaviour == "fault":
         raise RuntimeError(f"CUDA error: an illegal memory access was encountered ({name}, a stand-in)")
+    if behaviour == "crash":  # a fault that takes the process with it
+        os.kill(os.getpid(), signal.SIGSEGV)
 
 
 PARENT_ENV = "GPU_STEPS_PARENT"
@@ -126,11 +205,14 @@ PARENT_ENV = "GPU_STEPS_PARENT"
 SERIAL = ["-m", ""] + (["-n", "0"] if importlib.util.find_spec("xdist") else [])
 
 
-def run_child(command: list[str], timeout: float, log: Path) -> tuple[str, int | None]:
+def run_child(
+    command: list[str], timeout: float, log: Path, phase_file: Path | None = None, stall: float | None = None
+) -> tuple[str, int | dict | None]:
     """Run ``command`` in its own process group, output appended to ``log``; ("done", code), or
     ("timeout", None) after killing the whole group (a child's own children included). The
     child dies with this process too (die_with_parent): its own group is out of reach of a kill
-    aimed at ours."""
+    aimed at ours. With ``stall``: a child that writes ``phase_file`` (write_phase) and stays
+    more than ``stall`` seconds in a phase that is a row's is killed too: ("stalled", phase)."""
     with log.open("a") as out:
         child = subprocess.Popen(
             command,
@@ -140,12 +222,39 @@ def run_child(command: list[str], timeout: float, log: Path) -> tuple[str, int |
             start_new_session=True,
             env={**os.environ, PARENT_ENV: str(os.getpid())},
         )
-        try:
-            return "done", child.wait(timeout=max(timeout, 1))
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            return "timeout", None
+        ends = time.monotonic() + max(timeout, 1)
+        seen, since = None, time.monotonic()
+        while True:
+            try:
+                return "done", child.wait(timeout=max(min(0.5, ends - time.monotonic()), 0.01))
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now >= ends:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                return "timeout", None
+            if stall is None or phase_file is None:
+                continue
+            phase = read_phase(phase_file)
+            if phase != seen:
+                seen, since = phase, now
+            elif now - since > stall and phase.get("row"):
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                return "stalled", phase
+
+
+def read_phase(phase_file: Path) -> dict:
+    try:
+        return json.loads(phase_file.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_phase(phase_file: Path, **phase) -> None:
+    """What a child is doing, for run_child's ``stall`` (a row's phase carries ``row``)."""
+    write_whole(phase_file, json.dumps({**phase, "at": time.time()}))
 
 
 def die_with_parent() -> None:
@@ -215,6 +324,15 @@ def smoke_one(name: str, shape: str, dtype: str, phase_file: Path, watch_seconds
     phase("importing the harness")
     import harness
 
+    source = harness.lookup(name).source
+    if harness.lookup(name).language == "triton" and source:
+        from harness.backends import triton_kernels
+
+        # One config, as the correctness tests take (MATMUL_TRITON_CHECK_MODE): whether the kernel
+        # runs is the question here, and tuning matmul_tma's eight would cost its timeout.
+        module = triton_kernels.load_source(source)
+        if hasattr(module, "CHECK_MODE"):
+            module.CHECK_MODE = True
     phase("making the inputs")
     a, b = harness.make_inputs(shape, dtype, seed=3)
     phase("preparing (compiling, copying to the GPU)")
@@ -304,72 +422,408 @@ def diagnose_hang(out: Path, name: str, shape: str, dtype: str, timeout: float) 
 
 
 # ---- compare ---------------------------------------------------------------------------------
-def compare_group(
-    impls: list[str],
-    shapes: list[str],
-    dtypes: list[str],
-    rows_file: Path,
-    min_time: float,
-    weights: list[str] | None = None,
-) -> int:
-    """Check and time ``impls`` at every shape, dtype and weight format (``weights``: decode
-    problems; none for a plain matmul), appending each problem's rows to ``rows_file`` as soon
-    as they are measured."""
+# A group's process makes each problem once, whichever harness.compare call (one per
+# implementation, so that each row is written as soon as it is measured) asks for it; and the
+# float inputs of the current shape once for every weight format (SharedProblem).
+_SHARED: dict = {}  # key (shape, dtype, seed), a, b and, once a format needs it, w = B^T
+_PROBLEM: dict = {}  # key (shape, dtype, seed, format), problem
+SETUP_TIMES: dict[str, float] = {}  # host seconds of the current problem's setup, by piece
+REFERENCE = {"where": "auto"}  # "auto": on the GPU if one is here, else the host's; "skip": host_setup_seconds
+
+
+def _timed(label: str, make):
+    began = time.perf_counter()
+    value = make()
+    SETUP_TIMES[label] = SETUP_TIMES.get(label, 0.0) + time.perf_counter() - began
+    return value
+
+
+def shared_inputs(shape, dtype: str, seed: int):
+    """harness.make_inputs(shape, dtype, seed), read-only, made once for the problems of a shape."""
+    key = (str(shape), dtype, seed)
+    if _SHARED.get("key") != key:
+        from harness.model.inputs import make_inputs
+
+        _SHARED.clear()
+        a, b = _timed("inputs", lambda: make_inputs(shape, dtype, seed))
+        a.flags.writeable = b.flags.writeable = False
+        _SHARED.update(key=key, a=a, b=b)
+    return _SHARED["a"], _SHARED["b"]
+
+
+def shared_weights() -> np.ndarray:
+    """W = B^T [N, K], C-contiguous (what quantize takes), of the current shape, made once for
+    all its weight formats. torch's blocked transpose takes 0.8 s at 28672 x 8192 where NumPy's
+    strided copy (np.ascontiguousarray(b.T)) took 12-20 s on a 2-core development machine."""
+    if "w" not in _SHARED:
+        b = _SHARED["b"]
+        try:
+            import torch
+        except ImportError:
+            w = _timed("W = B^T", lambda: np.ascontiguousarray(b.T))
+        else:
+            with warnings.catch_warnings():  # b is read-only; it is only read
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                w = _timed("W = B^T", lambda: torch.from_numpy(b).T.contiguous().numpy())
+        w.flags.writeable = False
+        _SHARED["w"] = w
+    return _SHARED["w"]
+
+
+def _float64_tensor(array: np.ndarray, device: str):
+    """``array`` on ``device`` as float64, sent in its own precision (BF16 through int16)."""
+    import torch
+
+    array = np.ascontiguousarray(array)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        if array.dtype.name == "bfloat16":
+            tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(array)
+        return tensor.to(device).to(torch.float64)
+
+
+class DeviceReference:
+    """A @ B in float64 and its terms' norm (the two arrays of checking.Reference), computed on
+    ``device``, where results are checked (checking.compare_elements, as gpu.DeviceProblem
+    does), with an activation rounding's allowance where a row needs one. B may be the
+    transposed view of a C-contiguous W [N, K] (a decode problem's weights): W is sent as it is
+    and transposed there, since a host transpose of 235 million floats takes seconds."""
+
+    def __init__(self, a: np.ndarray, b: np.ndarray, device: str = "cuda"):
+        import torch
+
+        self.k, self.dtype, self.device = a.shape[1], a.dtype, device
+        a64 = _float64_tensor(a, device)
+        transposed = b.T.flags.c_contiguous and not b.flags.c_contiguous
+        b64 = _float64_tensor(b.T, device).T if transposed else _float64_tensor(b, device)
+        self.product = a64 @ b64
+        self.terms_norm = torch.sqrt((a64 * a64) @ (b64 * b64))
+
+    def check(self, result: np.ndarray, extra: np.ndarray | None = None):
+        import torch
+
+        from harness.model.checking import CheckOutcome, compare_elements
+
+        result = np.asarray(result)
+        expected = tuple(self.product.shape)
+        if result.shape != expected:
+            return CheckOutcome(False, float("inf"), f"result shape {result.shape}, expected {expected}")
+        if result.dtype != self.dtype:
+            return CheckOutcome(
+                False, float("inf"), f"result dtype {result.dtype.name}, expected the problem's {self.dtype.name}"
+            )
+        if result.size == 0:
+            return CheckOutcome(True, 0.0, "empty result")
+        got = _float64_tensor(result, self.device)
+        allowance = None if extra is None else _float64_tensor(extra, self.device)
+        return compare_elements(torch, got, self.product, self.terms_norm, result.dtype, self.k, allowance)
+
+
+@functools.lru_cache(maxsize=None)
+def shared_problem_class():
+    """SharedProblem, made when first needed (the harness is imported by the child steps only)."""
+    from harness.backends import gpu
+    from harness.model.checking import reference_data
+    from harness.run.compare import _Problem
+
+    class SharedProblem(_Problem):
+        """harness.compare's problem (harness/run/compare.py's _Problem: the same seeded inputs,
+        quantized weights, checks and input guard), made as a GPU run can afford: the float
+        inputs of a shape once for every weight format (shared_inputs, shared_weights), and the
+        float64 reference on the GPU whatever the problem's size (DeviceReference), where the
+        host's took 4-8 s per decode problem. At 1 x 28672 x 8192 in q4_0 that is 10-12 s of
+        host time instead of 24-35 s, and 4-5 s for each further format at that shape."""
+
+        def _make_inputs(self):
+            if self._inputs is not None:  # made again by _Problem.written: a row wrote into them
+                _SHARED.clear()
+            a, b = shared_inputs(self.shape, self.dtype, self.seed)
+            if not self.quantized:
+                self._float_b = b
+                return a, b
+            from harness.model.quant import quantize
+
+            w = _timed(f"quantize {self.weights}", lambda: quantize(shared_weights(), self.weights))
+            self._float_b = _timed("dequantize", w.dequantize).T
+            return a, w
+
+        @property
+        def inputs(self):
+            if self._inputs is None:
+                self._inputs = self._make_inputs()
+                # before any row runs, as _Problem's: nothing can have touched what it is made from
+                self._reference = self._make_reference(self._inputs[0])
+            return self._inputs
+
+        def _make_reference(self, a):
+            if REFERENCE["where"] == "skip":
+                return None
+            if "gpu" in self.devices and gpu.available():
+                return _timed("reference (GPU)", lambda: DeviceReference(a, self._float_b))
+            return _timed("reference (host)", lambda: reference_data(a, self._float_b))
+
+        def allowance(self, activation_rounding: str | None):
+            """The extra error allowed a row that rounds X (activation_error.py), on the host."""
+            if activation_rounding is None:
+                return None
+            from harness.model.activation_error import extra_allowed
+
+            a = self.inputs[0]
+            return _timed(
+                f"{activation_rounding} allowance", lambda: extra_allowed(a, self._float_b, activation_rounding)
+            )
+
+        def check(self, result, activation_rounding=None):
+            self.inputs  # noqa: B018 - the reference is made with the inputs
+            if isinstance(self._reference, DeviceReference):
+                return self._reference.check(result, self.allowance(activation_rounding))
+            return super().check(result, activation_rounding)
+
+    return SharedProblem
+
+
+def shared_problem(shape, dtype: str, seed: int, devices: list[str], weights: str | None = None):
+    """Installed as harness.run.compare._Problem in a group's process (compare_group): the same
+    SharedProblem for every harness.compare call that asks for the same problem."""
+    key = (str(shape), dtype, seed, weights)
+    if _PROBLEM.get("key") != key:
+        _PROBLEM.clear()
+        _PROBLEM.update(key=key, problem=shared_problem_class()(shape, dtype, seed, devices, weights=weights))
+    return _PROBLEM["problem"]
+
+
+def belongs(impl, fmt: str | None) -> bool:
+    """Whether ``impl`` gets a row in a group's problems of weight format ``fmt`` (None: a plain
+    matmul, where a decode kernel named in the group gets a row that says why it cannot run)."""
+    if fmt is None:
+        return True
+    if fmt == FLOAT_WEIGHTS:
+        return not impl.weights
+    return fmt in impl.weights
+
+
+def takes(impl, shape, dtype: str, fmt: str | None) -> bool:
+    """Whether ``impl`` runs the problem on its own device: harness.model.core.check_problem's
+    questions, its limits for CPU stand-ins and memory aside. A row that cannot is refused
+    before it needs the problem's inputs."""
+    if dtype not in impl.dtypes or (impl.weights and fmt in (None, FLOAT_WEIGHTS)):
+        return False
+    if impl.operation == "gemv" and shape.m != 1:
+        return False
+    if impl.multiple_of > 1 and any(d % impl.multiple_of for d in shape):
+        return False
+    if impl.max_flops is not None and shape.flops > impl.max_flops:  # (unless allow_slow: not in a GPU run)
+        return False
+    try:
+        return not impl.backend.shape_problem(impl, shape)
+    except Exception:  # the row will say what is wrong
+        return False
+
+
+def group_tasks(group: Group):
+    """(shape, dtype, weight format or None, implementations) in the order a group runs them:
+    shapes outermost, so that the inputs of a shape, and its W, serve every format."""
+    import harness
+    from harness.model.inputs import dtype_name, parse_shape
+
+    for shape in group.shapes:
+        for dtype in group.dtypes:
+            for fmt in group.weights or [None]:
+                names = [name for name in group.impls if belongs(harness.lookup(name), fmt)]
+                if names:
+                    yield parse_shape(shape), dtype_name(dtype), fmt, names
+
+
+def problem_text(shape, dtype: str, fmt: str | None) -> str:
+    return f"{shape} {dtype}{' ' + fmt if fmt else ''}"
+
+
+def append_rows(rows_file: Path, rows, machine: dict, settings: dict) -> None:
+    """Append ``rows`` to ``rows_file`` for good (flushed and synced: a kill a moment later keeps them)."""
     from dataclasses import asdict
 
-    import harness
     from harness.run.results import finite_or_null
 
-    # formats outermost: the first (q4_0, which the verdicts judge) is measured at every shape
-    # before the others, in case the step's time runs out
-    for fmt in weights or [None]:
-        for shape in shapes:
-            for dtype in dtypes:
-                for name in impls:
-                    stand_in(name)
+    with rows_file.open("a") as handle:
+        for row in rows:
+            record = finite_or_null({"row": asdict(row), "machine": machine, "settings": settings})
+            handle.write(json.dumps({**record, "written": time.time()}, default=str) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_records(rows_file: Path) -> list[dict]:
+    lines = rows_file.read_text().splitlines() if rows_file.exists() else []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line of a process killed while writing it
+            continue
+    return records
+
+
+def rows_done(rows_file: Path) -> set[tuple]:
+    """(implementation, shape, dtype, weight format) of every row in ``rows_file``."""
+    return {
+        (r["row"]["implementation"], r["row"]["shape"], r["row"]["dtype"], r["row"]["weights"])
+        for r in read_records(rows_file)
+    }
+
+
+RESTART_EXIT = 75  # a group's process ends after a row that raised: the group goes on in a new one
+
+
+def compare_group(spec: dict) -> int:
+    """In a group's process: check and time each implementation of the group ``spec`` (a
+    Group's fields, with rows, prior, phase, min_time and skip) at every problem, one
+    harness.compare call per implementation, each row appended to the rows file as soon as it
+    is measured. A row already in the rows file or a prior one (this group's earlier process,
+    an earlier step) is not measured again; an implementation in ``skip`` gets a row that says
+    why, and is not run. After a row that raised (an error or a crash) the process ends
+    (RESTART_EXIT): a fault can leave its CUDA context unusable for every row after it."""
+    import harness
+    from harness.model.errors import MatmulInputError
+    from harness.run import compare as comparing
+    from harness.run.results import Row
+
+    shared_problem_class()  # (made from compare's own _Problem, before this replaces it)
+    comparing._Problem = shared_problem
+    group = Group(*(spec[field] for field in Group._fields))
+    rows_file, phase_file, skip = Path(spec["rows"]), Path(spec["phase"]), spec.get("skip", {})
+    done = set().union(*(rows_done(Path(f)) for f in [rows_file, *spec.get("prior", [])]))
+    for shape, dtype, fmt, names in group_tasks(group):
+        todo = [name for name in names if (name, str(shape), dtype, fmt) not in done]
+        text = problem_text(shape, dtype, fmt)
+        SETUP_TIMES.clear()
+        live = [harness.lookup(name) for name in todo if name not in skip]
+        if any(takes(impl, shape, dtype, fmt) and impl.availability()[0] is None for impl in live):
+            write_phase(phase_file, setup=text)
+            problem = shared_problem(shape, dtype, 0, [impl.device for impl in live], fmt)
+            try:
+                problem.inputs  # noqa: B018 - made here, outside any row's time limit
+            except MatmulInputError:
+                pass  # each row says why
+        for name in todo:
+            impl = harness.lookup(name)
+            if name in skip:
+                row = Row(name, impl.language, impl.device, str(shape), dtype, f"skipped: {skip[name]}", weights=fmt)
+                append_rows(rows_file, [row], {}, {})
+                continue
+            task = [name, str(shape), dtype, fmt]
+            write_phase(phase_file, row=task)
+            try:
+                stand_in(name)
+            except RuntimeError as error:  # the dry run's fault, as harness.compare reports a real one
+                rows = [Row(name, impl.language, impl.device, str(shape), dtype, f"error: {error}", weights=fmt)]
+                machine, settings = {}, {}
+            else:
                 results = harness.compare(
                     [shape],
-                    impls,
+                    [name],
                     [dtype],
                     threads=None,
-                    min_time=min_time,
+                    min_time=spec["min_time"],
                     baselines=False,
                     weights=[fmt] if fmt else None,
                 )
-                with rows_file.open("a") as handle:
-                    for row in results.rows:
-                        record = finite_or_null(
-                            {"row": asdict(row), "machine": results.machine, "settings": results.settings}
-                        )
-                        handle.write(json.dumps(record, default=str) + "\n")
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                problem = f"{shape} {dtype}{' ' + fmt if fmt else ''}"
-                print(
-                    f"{' '.join(impls)} {problem}: "
-                    + ", ".join(f"{r.implementation} {r.status}" for r in results.rows),
-                    flush=True,
-                )
+                rows, machine, settings = results.rows, results.machine, results.settings
+            append_rows(rows_file, rows, machine, settings)
+            print(f"{name} {text}: " + ", ".join(r.status for r in rows), flush=True)
+            raised = [r.status for r in rows if r.status.startswith(("error", "crashed"))]
+            if raised:
+                write_phase(phase_file, restart=task, status=raised[0])
+                return RESTART_EXIT
+        if SETUP_TIMES:
+            pieces = ", ".join(f"{label} {seconds:.1f}s" for label, seconds in SETUP_TIMES.items())
+            print(f"host setup of {text}: {pieces} (total {sum(SETUP_TIMES.values()):.1f}s)", flush=True)
+    write_phase(phase_file, finished=True)
     return 0
 
 
-def merge_rows(out: Path) -> int:
-    """comparison.json and .csv from every row written so far; the number of rows."""
+def host_setup_seconds(group: Group, scale: int = 1) -> dict[str, float]:
+    """{problem: seconds} the host spends on ``group``'s problems in a GPU run, measured here,
+    through the code that run uses: each problem's SharedProblem (the inputs, W = B^T, the
+    quantized and dequantized weights; not the reference, which the GPU computes), and for each
+    of its rows the input guard's three digests (harness.run.compare: before the row, after its
+    check, after its timing) and the allowance of a row that rounds X. With ``scale``, at shapes
+    whose N (and M, where above 16) are divided by ``scale``, the seconds multiplied by it:
+    every piece is linear in the number of elements. Not counted: what the implementations'
+    prepare does on the host (repacking, copies to the GPU), with their compiles and timing."""
+    import harness
+    from harness.model.inputs import Shape
+
+    REFERENCE["where"] = "skip"
+    seconds: dict[str, float] = {}
+
+    def setup(shape, dtype, fmt, rows) -> float:
+        began = time.perf_counter()
+        problem = shared_problem(shape, dtype, 0, ["gpu"], fmt)
+        problem.inputs  # noqa: B018
+        for impl in rows:
+            problem.row_inputs()
+            problem.written()
+            problem.written()
+            problem.allowance(impl.activation_rounding)
+        return time.perf_counter() - began
+
+    try:
+        tasks = []
+        for shape, dtype, fmt, names in group_tasks(group):
+            rows = [harness.lookup(name) for name in names if takes(harness.lookup(name), shape, dtype, fmt)]
+            if rows:
+                tasks.append((shape, dtype, fmt, rows))
+        # Each piece's first call costs a second or more once per process (imports, NumPy's
+        # first use of a routine): paid first at a tiny shape, so that it is not multiplied.
+        for shape, dtype, fmt, rows in tasks:
+            setup(Shape(min(shape.m, 2), 8, shape.k), dtype, fmt, rows)
+        for shape, dtype, fmt, rows in tasks:
+            small = Shape(shape.m if shape.m <= 16 else max(1, shape.m // scale), max(1, shape.n // scale), shape.k)
+            seconds[problem_text(shape, dtype, fmt)] = setup(small, dtype, fmt, rows) * scale
+    finally:
+        REFERENCE["where"] = "auto"
+        _SHARED.clear()
+        _PROBLEM.clear()
+    return seconds
+
+
+def lost_row(name: str, shape: str, dtype: str, fmt: str | None, status: str):
+    """The row of a task whose process was lost with it."""
+    import harness
+    from harness.run.results import Row
+
+    impl = harness.lookup(name)
+    return Row(name, impl.language, impl.device, shape, dtype, status, weights=fmt)
+
+
+def timed_out_row(name: str, shape: str, dtype: str, fmt: str | None, seconds: float):
+    status = (
+        f"timed out: no result after {seconds:.0f}s at {problem_text(shape, dtype, fmt)} (hung, or far too slow); "
+        "killed with its group's process, which went on without it"
+    )
+    return lost_row(name, shape, dtype, fmt, status)
+
+
+def crashed_row(name: str, shape: str, dtype: str, fmt: str | None, code: int, last_line: str):
+    status = f"crashed: its group's process died (exit {code}) at {problem_text(shape, dtype, fmt)}: {last_line}"
+    return lost_row(name, shape, dtype, fmt, status[:300])
+
+
+def merge_rows(out: Path, rows_files: list[Path]) -> int:
+    """comparison.json and .csv in ``out`` from every row written so far to ``rows_files``; the
+    number of rows."""
     from harness.run.results import Results, Row, fill_speedups
 
     rows, machine, settings = [], {}, {}
     fields = set(Row.__dataclass_fields__)
-    rows_file = out / "rows.jsonl"
-    lines = rows_file.read_text().splitlines() if rows_file.exists() else []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # the last line of a process killed while writing it
-            continue
-        rows.append(Row(**{k: v for k, v in record["row"].items() if k in fields}))
-        if "gpu" in record["machine"] or not machine:
-            machine = record["machine"]
-        settings = settings or record["settings"]
+    for rows_file in dict.fromkeys(Path(f).resolve() for f in rows_files):
+        for record in read_records(rows_file):
+            rows.append(Row(**{k: v for k, v in record["row"].items() if k in fields}))
+            if "gpu" in record["machine"] or not machine:
+                machine = record["machine"]
+            settings = settings or record["settings"]
     fill_speedups(rows)
     results = Results(rows, machine, settings)
     for suffix, writer in (("json", results.to_json), ("csv", results.to_csv)):
@@ -379,16 +833,18 @@ def merge_rows(out: Path) -> int:
     return len(rows)
 
 
-def parse_group(text: str) -> tuple[str, list[str], list[str], list[str], list[str]]:
+def parse_group(text: str) -> Group:
     parts = text.split(":")
     if len(parts) not in (4, 5):
         raise argparse.ArgumentTypeError(f"--group {text!r}: expected NAME:IMPL,...:SHAPE,...:DTYPE,...[:WEIGHTS,...]")
     name, impls, shapes, dtypes = parts[:4]
     weights = parts[4].split(",") if len(parts) == 5 and parts[4] else []
-    return name, impls.split(","), shapes.split(","), dtypes.split(","), weights
+    return Group(name, impls.split(","), shapes.split(","), dtypes.split(","), weights)
 
 
-GROUP_SHARE = 0.35  # of the comparison's budget, at most, for any group but the last
+# Of a step's budget, at most, for any group but the last: a row that hangs costs only the task
+# timeout (the group goes on without it), so this bounds only a group slow throughout.
+GROUP_SHARE = 0.6
 
 
 def condemned_by_smoke(smoke_json: Path | None) -> dict:
@@ -401,29 +857,36 @@ def condemned_by_smoke(smoke_json: Path | None) -> dict:
 
 def compare(
     out: Path,
-    groups,
+    groups: list[Group],
     budget: float,
     min_time: float,
     plot: bool,
     smoke_json: Path | None,
     group_timeout: float | None = None,
+    task_timeout: float | None = None,
+    prior: list[Path] | None = None,
 ) -> int:
     ends = time.monotonic() + budget
-    condemned = condemned_by_smoke(smoke_json)
+    condemned = {name: {**v, "where": "the smoke step"} for name, v in condemned_by_smoke(smoke_json).items()}
+    for record in (r for f in prior or [] for r in read_records(f)):  # a hang costs its timeout once only
+        row = record["row"]
+        if row["status"].startswith(("timed out", "crashed")) and row["implementation"] not in condemned:
+            verdict = "HUNG" if row["status"].startswith("timed out") else "CRASHED"
+            condemned[row["implementation"]] = {"verdict": verdict, "detail": row["status"], "where": "a comparison"}
     status, report = 0, []
-    for index, (name, impls, shapes, dtypes, weights) in enumerate(groups):
+    rows_file = out / "rows.jsonl"
+    for index, group in enumerate(groups):
         left = ends - time.monotonic()
-        skipped = [impl for impl in impls if impl in condemned]
-        impls = [impl for impl in impls if impl not in condemned]
+        skipped = [impl for impl in group.impls if impl in condemned]
+        impls = [impl for impl in group.impls if impl not in condemned]
         for impl in skipped:
-            report.append(
-                f"{impl:20} skipped: {condemned[impl]['verdict']} in the smoke step ({condemned[impl]['detail']})"
-            )
+            why = condemned[impl]
+            report.append(f"{impl:20} skipped: {why['verdict']} in {why['where']} ({why['detail'][:150]})")
             status = 1
         if not impls:
             continue
         if left < 5:
-            report.append(f"{name:20} skipped for time ({left:.0f}s left)")
+            report.append(f"{group.name:20} skipped for time ({left:.0f}s left)")
             status = 1
             continue
         # The last group may use all that is left; the others at most a share of the budget,
@@ -431,22 +894,51 @@ def compare(
         last = index == len(groups) - 1
         timeout = left if last else min(left, group_timeout or max(30.0, GROUP_SHARE * budget))
         began = time.monotonic()
-        log = out / f"compare-{name}.log"
-        ended, code = run_child(
-            [
-                sys.executable,
-                __file__,
-                "_compare_group",
-                ",".join(impls),
-                ",".join(shapes),
-                ",".join(dtypes),
-                str(out / "rows.jsonl"),
-                str(min_time),
-                ",".join(weights),
-            ],
-            timeout,
-            log,
-        )
+        group_ends = began + timeout
+        log, phase_file = out / f"compare-{group.name}.log", out / f".phase-{group.name}"
+        left_out: dict[str, str] = {}  # implementations that hung or raised, and why
+        while True:
+            spec = {
+                **group._asdict(),
+                "impls": impls,
+                "rows": str(rows_file),
+                "prior": [str(f) for f in prior or []],
+                "phase": str(phase_file),
+                "min_time": min_time,
+                "skip": left_out,
+            }
+            command = [sys.executable, __file__, "_compare_group", json.dumps(spec)]
+            ended, code = run_child(command, group_ends - time.monotonic(), log, phase_file, task_timeout)
+            if ended == "stalled":
+                # A row past its limit: that implementation hung (or is far too slow to be worth
+                # its time). Its row says so, and the group goes on in a new process without it.
+                name, shape, dtype, fmt = code["row"]
+                text = problem_text(shape, dtype, fmt)
+                why = f"timed out at {text}"
+                if (name, shape, dtype, fmt) not in rows_done(rows_file):  # (it may have ended just before the kill)
+                    append_rows(rows_file, [timed_out_row(name, shape, dtype, fmt, task_timeout)], {}, {})
+                report.append(f"{group.name:20} {name} timed out after {task_timeout:.0f}s at {text}: left out")
+            elif ended == "done" and code == RESTART_EXIT:
+                phase = json.loads(phase_file.read_text())
+                name, shape, dtype, fmt = phase["restart"]
+                text = problem_text(shape, dtype, fmt)
+                why = f"raised at {text}"
+                report.append(f"{group.name:20} {name} raised at {text}: left out ({phase['status'][:150]})")
+            elif ended == "done" and code != 0 and "row" in (phase := read_phase(phase_file)):
+                # the process died in a row (a signal, an abort): that row's implementation again
+                name, shape, dtype, fmt = phase["row"]
+                text = problem_text(shape, dtype, fmt)
+                why = f"crashed at {text}"
+                append_rows(rows_file, [crashed_row(name, shape, dtype, fmt, code, last_lines(log, 1))], {}, {})
+                report.append(f"{group.name:20} {name} crashed (exit {code}) at {text}: left out")
+            else:
+                break
+            left_out[name] = f"{name} {why} earlier in its group"
+            status = 1
+            if group_ends - time.monotonic() < 5:
+                ended = "timeout"
+                break
+        phase_file.unlink(missing_ok=True)
         took = time.monotonic() - began
         if ended == "timeout":
             outcome = f"killed after {took:.0f}s (hung, or out of time): {last_lines(log, 1)}"
@@ -456,16 +948,22 @@ def compare(
         else:
             outcome = f"failed (exit {code}) after {took:.0f}s: {last_lines(log, 1)}"
             status = 1
-        count = merge_rows(out)
-        report.append(f"{name:20} {outcome}")
-        print(f"compare {name}: {outcome}; {count} rows so far", flush=True)
+        count = merge_rows(out, [*(prior or []), rows_file])
+        report.append(f"{group.name:20} {outcome}")
+        print(f"compare {group.name}: {outcome}; {count} rows so far", flush=True)
         write_whole(out / "groups.txt", "\n".join(report) + "\n")
     write_whole(out / "groups.txt", "\n".join(report) + "\n")
-    if plot and (out / "comparison.json").exists():
-        from harness.run.compare import Results
-
-        Results.from_json(out / "comparison.json").plot(out / "comparison.png")
+    if not (out / "comparison.json").exists():
+        merge_rows(out, [*(prior or []), rows_file])
+    if plot:
+        plot_comparison(out)
     return status
+
+
+def plot_comparison(out: Path) -> None:
+    from harness.run.compare import Results
+
+    Results.from_json(out / "comparison.json").plot(out / "comparison.png")
 
 
 # ---- tests -----------------------------------------------------------------------------------
@@ -518,23 +1016,44 @@ class TimeoutPlugin:
 
 class Collector:
     def __init__(self):
-        self.ids: list[str] = []
+        self.ids: list[tuple[str, str | None]] = []  # (test id, the CUDA loader it runs with, if any)
 
     def pytest_collection_modifyitems(self, items):
-        self.ids = [absolute_id(item) for item in items]
+        self.ids = [
+            (absolute_id(item), getattr(item, "callspec", None) and item.callspec.params.get("loader"))
+            for item in items
+        ]
 
 
-def collect(tests: list[str]) -> list[str]:
+def default_loader() -> str | None:
+    """The CUDA loader the harness uses in this environment (the comparison's), None if none is here."""
+    from harness.backends.cuda import loaders
+
+    forced = os.environ.get(loaders.LOADER_ENV, "").strip().lower()
+    return forced or next((name for name in loaders.LOADERS if loaders.loader_unavailable_reason(name) is None), None)
+
+
+def collect(tests: list[str]) -> tuple[list[str], dict[str, str | None], str | None]:
+    """(test ids, {test id: its loader parameter}, the loader the harness uses here)."""
     done = subprocess.run([sys.executable, __file__, "_collect", *tests], cwd=ROOT, capture_output=True, text=True)
-    return [line[3:] for line in done.stdout.splitlines() if line.startswith("ID ")]
+    found = [json.loads(line[3:]) for line in done.stdout.splitlines() if line.startswith("ID ")]
+    used = next((line[7:] or None for line in done.stdout.splitlines() if line.startswith("LOADER ")), None)
+    return [test_id for test_id, _ in found], dict(map(tuple, found)), used
 
 
-def run_tests(out: Path, tests: list[str], first: list[str], budget: float, test_timeout: float) -> int:
+def run_tests(
+    out: Path, tests: list[str], first: list[str], budget: float, test_timeout: float, loader: str | None = None
+) -> int:
     ends = time.monotonic() + budget
-    ids = collect(tests)
+    ids, loader_of, used = collect(tests)
     if not ids:
         write_whole(out / "tests-summary.txt", f"no tests collected from {' '.join(tests)}\n")
         return 1
+    # One loader: the CUDA kernels are the same through either, and the comparison's rows came
+    # through this one; the other's tests would double the CUDA tests' time.
+    keep = used if loader == "auto" else loader
+    left_out = [i for i in ids if keep and loader_of.get(i) not in (None, keep)]
+    ids = [i for i in ids if i not in left_out]
     ordered = [i for i in ids if any(p in i for p in first)] + [i for i in ids if not any(p in i for p in first)]
     log = out / "tests.log"
     log.write_text("")
@@ -575,6 +1094,7 @@ def run_tests(out: Path, tests: list[str], first: list[str], budget: float, test
         f"{len(ids)} tests, {runs} pytest run(s): "
         + ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
         + (f", {len(not_run)} not run (out of time)" if not_run else "")
+        + (f"; {len(left_out)} of another CUDA loader than {keep} left out" if left_out else "")
     ]
     lines += [line.replace(f"{ROOT}{os.sep}", "") for line in finished.values() if line.startswith(("FAILED", "HUNG"))]
     write_whole(out / "tests-summary.txt", "\n".join(lines) + "\n")
@@ -596,15 +1116,12 @@ def main(argv: list[str]) -> int:
             traceback.print_exc()
             return FAULT_EXIT
     if argv and argv[0] == "_compare_group":
-        impls, shapes, dtypes, rows_file, min_time = argv[1:6]
-        weights = [w for w in (argv[6] if len(argv) > 6 else "").split(",") if w]
-        return compare_group(
-            impls.split(","), shapes.split(","), dtypes.split(","), Path(rows_file), float(min_time), weights
-        )
+        return compare_group(json.loads(argv[1]))
     if argv and argv[0] == "_collect":
         collector = Collector()
         pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *SERIAL, *argv[1:]], plugins=[collector])
-        print("".join(f"ID {test_id}\n" for test_id in collector.ids))
+        print("".join(f"ID {json.dumps(found)}\n" for found in collector.ids))
+        print(f"LOADER {default_loader() or ''}")
         return 0
     if argv and argv[0] == "_pytest":
         return pytest.main(
@@ -626,24 +1143,38 @@ def main(argv: list[str]) -> int:
         help="kernels tried again, built to report their progress, when they hang",
     )
     compare_parser = commands.add_parser("compare")
-    compare_parser.add_argument("--group", type=parse_group, action="append", dest="groups")
+    plan = compare_parser.add_mutually_exclusive_group()
+    plan.add_argument("--part", choices=PARTS, help="one part of default_groups (default: all of them)")
+    plan.add_argument("--group", type=parse_group, action="append", dest="groups")
     compare_parser.add_argument("--budget", type=float, default=200)
     compare_parser.add_argument("--min-time", type=float, default=0.1)
-    compare_parser.add_argument("--no-plot", action="store_true")
+    compare_parser.add_argument("--plot", action="store_true", help="comparison.png at the end")
     compare_parser.add_argument(
         "--group-timeout",
         type=float,
         help=f"seconds for any group but the last (default {GROUP_SHARE:.0%} of the budget, at least 30)",
     )
     compare_parser.add_argument(
+        "--task-timeout", type=float, help="seconds for one row (compile and tuning included): past them, a hang"
+    )
+    compare_parser.add_argument(
+        "--prior", type=Path, nargs="*", default=[], help="rows.jsonl of earlier compare steps, merged into the JSON"
+    )
+    compare_parser.add_argument(
         "--smoke", type=Path, help="the smoke step's smoke.json: its hung and faulting kernels are skipped"
     )
+    merge_parser = commands.add_parser("merge")
+    merge_parser.add_argument("rows", type=Path, nargs="+", help="rows.jsonl files (missing ones are passed over)")
+    merge_parser.add_argument("--plot", action="store_true")
     tests_parser = commands.add_parser("tests")
     tests_parser.add_argument("tests", nargs="+")
     tests_parser.add_argument("--first", nargs="*", default=[])
     tests_parser.add_argument("--budget", type=float, default=150)
     tests_parser.add_argument("--test-timeout", type=float, default=60)
-    for sub in (smoke_parser, compare_parser, tests_parser):
+    tests_parser.add_argument(
+        "--loader", help="only this CUDA loader's tests of those parametrized by one ('auto': the harness's choice)"
+    )
+    for sub in (smoke_parser, compare_parser, merge_parser, tests_parser):
         sub.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -652,14 +1183,22 @@ def main(argv: list[str]) -> int:
     if args.command == "compare":
         return compare(
             args.out,
-            args.groups or default_groups(),
+            args.groups or default_groups(args.part),
             args.budget,
             args.min_time,
-            not args.no_plot,
+            args.plot,
             args.smoke,
             args.group_timeout,
+            args.task_timeout,
+            args.prior,
         )
-    return run_tests(args.out, args.tests, args.first, args.budget, args.test_timeout)
+    if args.command == "merge":
+        count = merge_rows(args.out, args.rows)
+        print(f"{count} rows from {', '.join(str(f) for f in args.rows if f.exists()) or 'nothing'}")
+        if args.plot and count:
+            plot_comparison(args.out)
+        return 0 if count else 1
+    return run_tests(args.out, args.tests, args.first, args.budget, args.test_timeout, args.loader)
 
 
 if __name__ == "__main__":

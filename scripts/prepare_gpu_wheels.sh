@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Fill build/gpu-wheels/ (ignored by git, inside the repository so it can travel with it) with
-# what scripts/gpu_check.sh installs on a GPU machine that has no network:
+# what scripts/gpu_check.sh installs on a GPU machine that has no network. Run it here, on a
+# machine with network, then name build/gpu-wheels among the paths the GPU run carries:
 #
 # - a PyCUDA wheel built here for the GPU machine's Python (PyCUDA publishes no wheels), when
 #   this machine has that Python (GPU_PYTHON_BIN, else python3.12 on PATH or under pyenv) and a
-#   CUDA toolkit: the GPU machine then installs it in a second instead of compiling for minutes;
-# - the PyCUDA source distribution, built there only if the wheel cannot be used;
+#   CUDA toolkit: the GPU machine installs it in a second. Without it the GPU run loads the
+#   kernels through CuPy (it never compiles PyCUDA: that would take minutes of the loan);
 # - wheels of PyCUDA's pure-Python requirements and of cffi (the C kernels; the GPU image may
 #   lack it), for that Python.
 #
@@ -24,9 +25,8 @@ ABI="cp${GPU_PYTHON/./}"
 
 mkdir -p "$DEST"
 DEST="$(cd "$DEST" && pwd)"
-
-# The sdist (PyCUDA's build requirements are not needed just to download it).
-"$PYTHON" -m pip download --no-deps --no-binary pycuda -d "$DEST" "pycuda==$PYCUDA_VERSION"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
 
 # PyCUDA's requirements (pytools, platformdirs, mako) and theirs (recent pytools needs siphash24
 # and typing-extensions; mako needs markupsafe), plus `wheel` (setuptools older than 70.1 needs
@@ -50,31 +50,32 @@ find_python() {
 }
 cuda_root="$(cd "$ROOT" && "$PYTHON" -c 'from harness.backends.cuda import toolkit; print(toolkit.cuda_root() or "")' 2>/dev/null || true)"
 if ! gpu_python="$(find_python)"; then
-    echo "no python$GPU_PYTHON here: only the sdist is prepared (the GPU machine will compile it)"
+    echo "no python$GPU_PYTHON here: no PyCUDA wheel (the GPU run will use CuPy)"
 elif [ -z "$cuda_root" ]; then
-    echo "no CUDA toolkit here (include/cuda.h): only the sdist is prepared"
+    echo "no CUDA toolkit here (include/cuda.h): no PyCUDA wheel (the GPU run will use CuPy)"
 else
-    work="$(mktemp -d)"
-    trap 'rm -rf "$work"' EXIT
+    # The sdist, only to build the wheel from (PyCUDA's build requirements are not needed to download it).
+    "$PYTHON" -m pip download --no-deps --no-binary pycuda -d "$work" "pycuda==$PYCUDA_VERSION"
     "$gpu_python" -m venv "$work/venv"
     "$work/venv/bin/python" -m pip install --quiet numpy setuptools wheel pytools platformdirs mako
     # Linking needs a libcuda.so; the driver is on the GPU machine only, so link against an
     # empty stub that carries the real library's soname: the symbols resolve there, at load time.
     mkdir -p "$work/stub"
     echo "" | gcc -shared -x c - -o "$work/stub/libcuda.so" -Wl,-soname,libcuda.so.1
-    tar xzf "$DEST/pycuda-$PYCUDA_VERSION.tar.gz" -C "$work"
+    tar xzf "$work/pycuda-$PYCUDA_VERSION.tar.gz" -C "$work"
     src="$work/pycuda-$PYCUDA_VERSION"
-    cat > "$src/siteconf.py" <<EOF
+    cat > "$src/siteconf.py" <<SITECONF
 CUDA_ROOT = '$cuda_root'
 CUDA_ENABLE_CURAND = False
 CUDADRV_LIB_DIR = ['$work/stub']
 CUDART_LIB_DIR = ['$cuda_root/lib64']
-EOF
+SITECONF
     # --no-as-needed before -lcuda: the stub defines nothing, and the dependency must stay.
     (cd "$src" && LDFLAGS="-Wl,--no-as-needed" "$work/venv/bin/python" setup.py build_ext -j "$(nproc)" >"$work/build.log" 2>&1 \
         && LDFLAGS="-Wl,--no-as-needed" "$work/venv/bin/python" -m pip wheel --quiet --no-deps --no-build-isolation -w "$DEST" .) \
-        || { tail -n 30 "$work/build.log"; echo "building the PyCUDA wheel failed: only the sdist is prepared"; }
+        || { tail -n 30 "$work/build.log"; echo "building the PyCUDA wheel failed (the GPU run will use CuPy)"; }
 fi
+rm -f "$DEST"/pycuda-*.tar.gz  # an earlier version's sdist: the GPU run no longer builds one
 
-echo "ready: $DEST (carry build/gpu-wheels to the GPU machine with the repository)"
+echo "ready: $DEST ($(du -sh "$DEST" | cut -f1); name build/gpu-wheels among the paths the GPU run carries)"
 ls -1 "$DEST"
