@@ -488,9 +488,10 @@ def must_be_caught(mutant: Mutant) -> bool:
 # The copy's harness must be the one imported: the checkout's editable install puts a finder in
 # front of sys.path, which is taken out here before pytest imports anything.
 BOOTSTRAP = (
-    "import sys; sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith('_editable_')]; "
-    "sys.path.insert(0, '.'); import pytest; sys.exit(pytest.main(sys.argv[1:]))"
-)
+    "import os, sys; sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith('_editable_')]; "
+    "sys.path.insert(0, '.'); os.environ['MATMUL_TESTED_CHECKOUT'] = os.getcwd(); "
+    "import pytest; sys.exit(pytest.main(sys.argv[1:]))"
+)  # MATMUL_TESTED_CHECKOUT: tests/conftest.py does the same in pytest-xdist's workers
 
 
 def repository_files() -> list[str]:

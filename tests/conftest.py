@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
-import pytest
-from leftovers import RUN_MARK, left_running
+# A run started in a scratch copy of the repository (scripts/mutants.py's BOOTSTRAP) tests that
+# copy's harness in every process: pytest-xdist's workers are fresh interpreters, where the
+# editable install's finder would otherwise import the installed checkout's harness instead.
+_TESTED_CHECKOUT = os.environ.get("MATMUL_TESTED_CHECKOUT")
+if _TESTED_CHECKOUT:
+    sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable_")]
+    if _TESTED_CHECKOUT not in sys.path:
+        sys.path.insert(0, _TESTED_CHECKOUT)
+
+import pytest  # noqa: E402
+from leftovers import RUN_MARK, left_running  # noqa: E402
 
 DEFAULT_BENCH_SHAPES = "128 512 1024 1x4096x4096"
 DEFAULT_BENCH_DTYPES = "float32"

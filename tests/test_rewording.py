@@ -1,8 +1,8 @@
 """Comments are for readers: rewording every one of them changes no test's outcome.
 
 A scratch copy of the repository gets a word appended to every comment line of every .cu, .h
-and .py file under cuda/ and triton/ (the ``@launch`` declarations aside: they are the
-harness's input, not prose), then runs the fast tier and the mutation subset there. A test
+and .py file under cuda/ and triton/ (the ``@launch`` and ``@archs`` declarations aside: they
+are the harness's input, not prose), then runs the fast tier and the mutation subset there. A test
 that finds its place in a kernel by a comment's words, or a mutant anchored on one, fails here.
 """
 
@@ -33,8 +33,10 @@ pytestmark = [
 
 
 def _is_launch_declaration(comment: str, previous_was_launch: bool) -> bool:
+    """A comment the harness reads: a ``@launch`` declaration (and its continuation lines) or an
+    ``@archs`` line (cuda/wgmma.cu's sm_90a)."""
     words = comment.split()
-    return bool(words) and (words[0] == "@launch" or (previous_was_launch and words[0] in FIELDS))
+    return bool(words) and (words[0] in ("@launch", "@archs") or (previous_was_launch and words[0] in FIELDS))
 
 
 def reword(path: Path) -> int:
