@@ -324,5 +324,9 @@ def test_wgmma_without_the_full_barrier_wait_is_reported():
             continue
         if "WARNING: ThreadSanitizer: data race" in done.stderr:
             return
+        # or the schedule ran the producer a lap ahead, which the emulation's mbarrier refuses
+        # loudly before the race happens: the missing wait is reported all the same
+        if done.returncode != 0 and "an arrival beyond the init count" in done.stdout + done.stderr:
+            return
         outputs.append(done.stdout + done.stderr[-2000:])
-    pytest.fail("no data race reported in 3 runs:\n" + "\n".join(outputs))
+    pytest.fail("no data race (nor the emulation's refusal) reported in 3 runs:\n" + "\n".join(outputs))
