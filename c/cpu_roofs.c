@@ -99,16 +99,13 @@ static AVX2 double trial_avx2_f64(int64_t n) {
     return 2.0 * 4 * CHAINS * (double)n / (t1 - t0);
 }
 
-/* One core's FMA throughput in GFLOP/s for 4- or 8-byte floats, best of `trials` (the median
- * written to *median_gflops when not NULL); 0 where it cannot be measured. */
-MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
-    double (*trial)(int64_t) = 0;
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
-        trial = elem_size == 4 ? trial_avx512_f32 : trial_avx512_f64;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        trial = elem_size == 4 ? trial_avx2_f32 : trial_avx2_f64;
-    if (!trial || trials < 1) return 0.0;
+/* Best of `trials` runs of `trial` (its rate per second), the median to *median when not NULL;
+ * 0 where there is no trial. */
+static double best_of(double (*trial)(int64_t), int64_t trials, double *median) {
+    if (!trial || trials < 1) {
+        if (median) *median = 0.0;
+        return 0.0;
+    }
     double rates[64];
     if (trials > 64) trials = 64;
     const int64_t n = 400 * 1000; /* about 2-5 ms per trial */
@@ -118,16 +115,80 @@ MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, d
         rates[t] = trial(n);
         if (rates[t] > best) best = rates[t];
     }
-    if (median_gflops) { /* insertion sort: a handful of values */
+    if (median) { /* insertion sort: a handful of values */
         for (int64_t i = 1; i < trials; ++i)
             for (int64_t j = i; j > 0 && rates[j] < rates[j - 1]; --j) {
                 double swap = rates[j];
                 rates[j] = rates[j - 1];
                 rates[j - 1] = swap;
             }
-        *median_gflops = rates[trials / 2] * 1e-9;
+        *median = rates[trials / 2] * 1e-9;
     }
     return best * 1e-9;
+}
+
+/* One core's FMA throughput in GFLOP/s for 4- or 8-byte floats, best of `trials` (the median
+ * written to *median_gflops when not NULL); 0 where it cannot be measured. */
+MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
+    double (*trial)(int64_t) = 0;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        trial = elem_size == 4 ? trial_avx512_f32 : trial_avx512_f64;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        trial = elem_size == 4 ? trial_avx2_f32 : trial_avx2_f64;
+    return best_of(trial, trials, median_gflops);
+}
+
+/* The int8 roof, for the kernels that multiply bytes (c.decode_int8, llama.cpp's): one core's
+ * rate of int8 multiply-adds, in GOP/s (a multiply-add counts two, as for the FMA roof), with
+ * the instruction the int8 kernels here use on it: AVX-512 VNNI's vpdpbusd (64 byte products
+ * into int32 lanes), else AVX2's vpmaddubsw (32, summed in pairs into int16 lanes; a kernel
+ * that needs exact int32 sums of signed bytes, as q8_0 does, spends a vpmaddwd per vpmaddubsw
+ * beside it, so reaches at most half of this roof). CHAINS independent chains, each
+ * instruction's result the next one's operand, so nothing can be hoisted out of the loop; the
+ * values wrap or saturate, which changes nothing in the timing. */
+#define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
+static VNNI512 double trial_vnni_int8(int64_t n) {
+    __m512i acc[CHAINS];
+    const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
+    for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_set1_epi32(j);
+    double t0 = now_seconds();
+    for (int64_t i = 0; i < n; ++i)
+        for (int j = 0; j < CHAINS; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, b);
+    double t1 = now_seconds();
+    __m512i total = acc[0];
+    for (int j = 1; j < CHAINS; ++j) total = _mm512_add_epi32(total, acc[j]);
+    sink = (double)_mm512_reduce_add_epi32(total);
+    return 2.0 * 64 * CHAINS * (double)n / (t1 - t0);
+}
+
+static AVX2 double trial_avx2_int8(int64_t n) {
+    __m256i acc[CHAINS];
+    const __m256i b = _mm256_set1_epi8(-5);
+    for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_set1_epi8((char)(j + 1));
+    double t0 = now_seconds();
+    for (int64_t i = 0; i < n; ++i)
+        for (int j = 0; j < CHAINS; ++j) acc[j] = _mm256_maddubs_epi16(acc[j], b);
+    double t1 = now_seconds();
+    __m256i total = acc[0];
+    for (int j = 1; j < CHAINS; ++j) total = _mm256_add_epi16(total, acc[j]);
+    short lanes[16];
+    __builtin_memcpy(lanes, &total, sizeof lanes);
+    sink = (double)lanes[0];
+    return 2.0 * 32 * CHAINS * (double)n / (t1 - t0);
+}
+
+/* One core's int8 roof in GOP/s, best of `trials` (the median to *median_gops when not NULL);
+ * 0 where neither instruction exists. */
+MATMUL_API double matmul_measure_int8_gops(int64_t trials, double *median_gops) {
+    double (*trial)(int64_t) = 0;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        trial = trial_vnni_int8;
+    else if (__builtin_cpu_supports("avx2"))
+        trial = trial_avx2_int8;
+    return best_of(trial, trials, median_gops);
 }
 #else
 MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
@@ -135,6 +196,12 @@ MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, d
     (void)trials;
     if (median_gflops) *median_gflops = 0.0;
     return 0.0; /* not measured here: the harness falls back to clock x lanes x FMA units */
+}
+
+MATMUL_API double matmul_measure_int8_gops(int64_t trials, double *median_gops) {
+    (void)trials;
+    if (median_gops) *median_gops = 0.0;
+    return 0.0; /* not measured here: no int8 roof */
 }
 #endif
 

@@ -28,6 +28,7 @@
 enum decode_format {
     DECODE_Q4_0 = 2,
     DECODE_Q8_0 = 8,
+    DECODE_Q4_K = 12, /* c.decode_int8 only (decode_int8_q4k.c); c.decode refuses it */
     DECODE_BF16 = 30,
 };
 
@@ -44,8 +45,8 @@ enum decode_status {
     DECODE_OK = 0,
     DECODE_ERR_VARIANT = 1,  /* unknown variant, or one this CPU (or build) cannot run */
     DECODE_ERR_ARGUMENT = 2, /* a negative dimension */
-    DECODE_ERR_FORMAT = 3,   /* not one of enum decode_format */
-    DECODE_ERR_BLOCK = 4,    /* K is not a multiple of the format's block (32 for q8_0, q4_0) */
+    DECODE_ERR_FORMAT = 3,   /* not one of enum decode_format, or not one the kernel takes */
+    DECODE_ERR_BLOCK = 4,    /* K is not a multiple of the format's block (32 for q8_0, q4_0; 256 for q4_K) */
     DECODE_ERR_MEMORY = 5,   /* the packed copy of X could not be allocated */
 };
 
@@ -69,6 +70,29 @@ extern const struct decode_kernels decode_portable;
 #define DECODE_HAVE_X86 1
 extern const struct decode_kernels decode_avx2, decode_avx512;
 #endif
+
+/* q4_K's super-block: 256 weights in 144 bytes (float16 d and dmin, 12 bytes of eight 6-bit
+ * scales and eight 6-bit mins, 128 bytes of 4-bit quants), 8 sub-blocks of 32. */
+enum { DECODE_Q4_K_BLOCK = 256, DECODE_Q4_K_BYTES = 144 };
+
+/* Weights per block of a format along K (bf16: 1), and bytes per block. */
+static inline int64_t decode_block_weights(int format) {
+    return format == DECODE_Q4_K ? DECODE_Q4_K_BLOCK : format == DECODE_BF16 ? 1 : DECODE_BLOCK;
+}
+static inline int64_t decode_block_bytes(int format) {
+    return format == DECODE_Q4_K ? DECODE_Q4_K_BYTES : format == DECODE_Q8_0 ? 34 : format == DECODE_Q4_0 ? 18 : 2;
+}
+
+/* c.decode_int8's q4_K path (decode_int8_q4k.c), to which decode_int8.c's entry points hand
+ * format DECODE_Q4_K: the arguments (less the format) and return values of
+ * matmul_decode_int8_packed_bytes, matmul_decode_int8_pack and matmul_decode_int8_f32. */
+int64_t decode_int8_q4k_packed_bytes(int64_t N, int64_t K);
+int decode_int8_q4k_pack(const uint8_t *W, int64_t N, int64_t K, uint8_t *out);
+int decode_int8_q4k_f32(const float *X, const uint8_t *W_packed, float *Y, int64_t M, int64_t N, int64_t K,
+                        int64_t threads, int64_t variant);
+/* ...and what it borrows from decode_int8.c: the variants, and X's q8_0 quantizer. */
+int64_t matmul_decode_int8_resolve_variant(int64_t variant);
+int matmul_quantize_q8_0(const float *x, int64_t n, uint8_t *out, int64_t variant);
 
 /* Bytes per step of 32 weights. */
 static inline int64_t decode_step_bytes(int format) {

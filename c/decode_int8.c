@@ -36,8 +36,10 @@
  * times the sum of its weights (one vpdpbusd per group of W, from the nibbles' byte sums,
  * shared by every row of X) and, for q4_0, -8 times the sum of its activations (once per
  * call, with X's quantization), so it ends at exactly sum (w * x). AVX2's vpmaddubsw
- * saturates at 2^15, which x + 128 times w would pass, so it takes the weights as |w| with
- * w's sign moved onto x (vpsignb), as llama.cpp does.
+ * (unsigned times signed bytes, pairs summed in int16) takes X as it is, signed: for q4_0 the
+ * unsigned nibbles times x, with the same -8 offset, cannot saturate; for q8_0, x + 128 times
+ * w would, so it takes the weights as |w| with w's sign moved onto x (vpsignb), as llama.cpp
+ * does.
  *
  * Variants: portable C, AVX2 and AVX-512 VNNI (512-bit; AVX512_VNNI and AVX512BW), chosen at
  * run time. Each Y element is one fixed float32 sequence over its blocks whatever thread,
@@ -76,7 +78,7 @@ enum {
     SLOTS = 8,       /* 4-weight slots per block */
     BLOCK_TILES = 8, /* tiles per block: the rows a slice of K runs over before the next */
     SLICE = 2,       /* groups per slice of K (TILES) */
-    PREFETCH = 4096, /* bytes ahead in W's stream, for q4_0 (tile_vnni) */
+    PREFETCH = 4096, /* bytes ahead in W's stream: q4_0 and q8_0 on AVX2, q4_0 on AVX-512 */
 };
 
 /* float32 -> float16 bits, rounded to nearest even (ggml's conversion), for finite input. */
@@ -157,6 +159,7 @@ static int check_shape(int64_t N, int64_t K, int64_t format) {
 /* The size of matmul_decode_int8_pack's output for W [N, K] in `format`, or minus a decode.h
  * code (-2 negative dimension, -3 format, -4 K not a multiple of 32). */
 MATMUL_API int64_t matmul_decode_int8_packed_bytes(int64_t N, int64_t K, int64_t format) {
+    if (format == DECODE_Q4_K) return decode_int8_q4k_packed_bytes(N, K); /* decode_int8_q4k.c (-4: K % 256) */
     const int status = check_shape(N, K, format);
     return status ? -status : N * packed_row_bytes((int)format, K);
 }
@@ -165,6 +168,7 @@ MATMUL_API int64_t matmul_decode_int8_packed_bytes(int64_t N, int64_t K, int64_t
  * (matmul_decode_int8_packed_bytes long); q4_0's nibbles stay unsigned. Returns decode.h's
  * codes. */
 MATMUL_API int matmul_decode_int8_pack(const uint8_t *W, int64_t N, int64_t K, int64_t format, uint8_t *out) {
+    if (format == DECODE_Q4_K) return decode_int8_q4k_pack(W, N, K, out); /* decode_int8_q4k.c */
     const int status = check_shape(N, K, format);
     if (status) return status;
     const int64_t blocks = K / DECODE_BLOCK, groups = groups_of(K), step = decode_step_bytes((int)format);
@@ -204,19 +208,20 @@ MATMUL_API int matmul_decode_int8_pack(const uint8_t *W, int64_t N, int64_t K, i
 /* One activation row's share of a group (16 blocks, 512 values along K), in the layout of W's:
  * what one vpdpbusd per slot multiplies by W's slot. */
 struct x_group {
-    uint8_t q[SLOTS * 64]; /* x + 128 (unsigned: the header), slot by slot as slot_byte places W */
+    uint8_t q[SLOTS * 64]; /* x + 128 (unsigned: the header; AVX2: x itself), slot by slot as slot_byte places W */
     int32_t offset[GROUP]; /* for q4_0: -8 times the sum of each block's 32 x (the header) */
     float d[GROUP];        /* each block's float16 scale, as float32 */
 };
 
 /* One block of X into lane l of its group entry, from its q8_0 bytes (quantize_block): stored
- * as x + 128 in W's slot order (slot_byte), with its offset and scale. */
-static void put_block(const uint8_t block[Q8_BYTES], struct x_group *entry, int l) {
+ * as x + 128 (bias 0x80: vpdpbusd's unsigned operand) or as x (bias 0: vpmaddubsw's signed
+ * one) in W's slot order (slot_byte), with its offset and scale. */
+static void put_block(const uint8_t block[Q8_BYTES], struct x_group *entry, int l, uint8_t bias) {
     int32_t sum = 0;
     for (int s = 0; s < SLOTS; ++s) {
         uint8_t four[4];
         for (int t = 0; t < 4; ++t) {
-            four[t] = (uint8_t)(block[2 + 4 * s + t] ^ 0x80);
+            four[t] = (uint8_t)(block[2 + 4 * s + t] ^ bias);
             sum += (int8_t)block[2 + 4 * s + t];
         }
         memcpy(entry->q + 64 * s + 4 * l, four, 4);
@@ -229,10 +234,11 @@ typedef void (*quantize_fn)(const float *x, uint8_t *out);
 
 /* For each pass of up to ROWS rows, each group, the pass's rows in turn: group g of row i0 + m
  * of the pass at i0 is x[i0 * groups + g * mb + m]. The padding blocks are x = 0. */
-static void quantize_activations(const float *X, int64_t M, int64_t K, quantize_fn quantize, struct x_group *x) {
+static void quantize_activations(const float *X, int64_t M, int64_t K, quantize_fn quantize, uint8_t bias,
+                                 struct x_group *x) {
     const int64_t blocks = K / DECODE_BLOCK, groups = groups_of(K);
     for (int64_t e = 0; e < M * groups; ++e) {
-        memset(x[e].q, 128, sizeof x[e].q);
+        memset(x[e].q, bias, sizeof x[e].q); /* x = 0 */
         memset(x[e].offset, 0, sizeof x[e].offset);
         memset(x[e].d, 0, sizeof x[e].d);
     }
@@ -242,7 +248,7 @@ static void quantize_activations(const float *X, int64_t M, int64_t K, quantize_
             for (int64_t m = 0; m < mb; ++m) {
                 uint8_t block[Q8_BYTES];
                 quantize(X + (i0 + m) * K + b * DECODE_BLOCK, block);
-                put_block(block, x + i0 * groups + b / GROUP * mb + m, (int)(b % GROUP));
+                put_block(block, x + i0 * groups + b / GROUP * mb + m, (int)(b % GROUP), bias);
             }
     }
 }
@@ -299,49 +305,99 @@ AVX2 INLINE float sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
 }
 
+/* An empty asm that says it changes v: the sums then follow the slots in order. Without it,
+ * GCC reassociates the integer sums and computes every product of the half-group first,
+ * spilling them (a quarter of the instructions, loads and stores, at M = 4). */
+#define KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
+
+/* Rows of X per pass over one half-group of W in tile_avx2: their integer sums stay in
+ * registers (16 of them) beside W's slot and X's operands, instead of spilling. */
+enum { AVX2_CHUNK_Q8 = 8, AVX2_CHUNK_Q4 = 6, AVX2_CHUNK_MAX = 8 };
+_Static_assert(AVX2_CHUNK_Q8 <= AVX2_CHUNK_MAX && AVX2_CHUNK_Q4 <= AVX2_CHUNK_MAX, "a chunk larger than its arrays");
+
+/* One half-group of one row of W (8 blocks, at w; their scales dw) times `rows` rows of X
+ * (their groups at xg), added to acc[0..rows): each slot of W loaded once for all the rows,
+ * whose block sums stay in registers. `rows` is a constant wherever this is inlined, so its
+ * loops unroll and the arrays become registers.
+ *
+ * q4_0 takes the nibbles as they are, unsigned 0..15, times x signed: vpmaddubsw cannot
+ * saturate there (a pair is at most 2 * 15 * 127), so the 8 slots' pairs are summed in int16
+ * (at most 30480) and widened once, and the -8 comes back as the block's offset, -8 times the
+ * sum of its x (the header). q8_0's weights are signed, so it takes |w| times x with w's sign
+ * (vpmaddubsw saturates past 2^15 otherwise, the header), widened slot by slot. Both give each
+ * block's dot product exactly. */
+AVX2 INLINE void half_group_avx2(const int format, const int rows, const struct x_group *xg, const uint8_t *w,
+                                 const __m256 dw, const int half, __m256 *acc) {
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i dot[AVX2_CHUNK_MAX];
+    if (format == DECODE_Q4_0) {
+        __m256i pairs[AVX2_CHUNK_MAX];
+#pragma GCC unroll 8
+        for (int s = 0; s < 4; ++s) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * s));
+            const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+#pragma GCC unroll 8
+            for (int i = 0; i < rows; ++i) {
+                const uint8_t *q = xg[i].q + 32 * half;
+                const __m256i x_lo = _mm256_load_si256((const __m256i *)(q + 64 * s));
+                const __m256i x_hi = _mm256_load_si256((const __m256i *)(q + 64 * (s + 4)));
+                const __m256i sum = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo), _mm256_maddubs_epi16(hi, x_hi));
+                pairs[i] = s ? _mm256_add_epi16(pairs[i], sum) : sum;
+                KEEP_IN_REGISTER(pairs[i]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < rows; ++i)
+            dot[i] = _mm256_add_epi32(_mm256_madd_epi16(pairs[i], ones),
+                                      _mm256_load_si256((const __m256i *)(xg[i].offset + 8 * half)));
+    } else {
+#pragma GCC unroll 8
+        for (int s = 0; s < SLOTS; ++s) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * s)), magnitude = _mm256_sign_epi8(v, v);
+#pragma GCC unroll 8
+            for (int i = 0; i < rows; ++i) {
+                const __m256i xs = _mm256_load_si256((const __m256i *)(xg[i].q + 64 * s + 32 * half));
+                const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xs, v)), ones);
+                dot[i] = s ? _mm256_add_epi32(dot[i], sum) : sum;
+                KEEP_IN_REGISTER(dot[i]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < rows; ++i)
+        acc[i] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(dw, _mm256_load_ps(xg[i].d + 8 * half)), acc[i]);
+}
+
 /* R rows of a tile (rows_in rows), from its row r0, for mb rows of X: 8 blocks (each slot's
- * 256-bit half) at a time, the weights signed as |w| with their signs moved onto x
- * (vpmaddubsw saturates: the header). */
+ * 256-bit half) at a time, in chunks of rows of X (half_group_avx2: AVX2 has 16 registers, and
+ * holding all 8 slots and every row's accumulators, as tile_vnni does in its 32, spilled). The
+ * float32 operations per element, and so the bits, are those of one fixed order over K. */
 AVX2 INLINE void tile_avx2(const int format, const int R, const int mb, const struct x_group *x, const uint8_t *tile,
                            int64_t rows_in, int64_t r0, int64_t groups, int64_t g0, int64_t g1, float *partial,
                            float *Y, int64_t ldy) {
     const int64_t weight_bytes = group_weight_bytes(format), group_bytes = rows_in * (weight_bytes + 2 * GROUP);
-    const __m256i low = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-    const __m256i sign_bit = _mm256_set1_epi8((char)0x80);
+    const int chunk = format == DECODE_Q4_0 ? AVX2_CHUNK_Q4 : AVX2_CHUNK_Q8, whole = mb / chunk * chunk;
     __m256 acc[ROWS];
 #pragma GCC unroll 16
     for (int a = 0; a < R * mb; ++a) acc[a] = g0 ? _mm256_load_ps(partial + 16 * (r0 * mb + a)) : _mm256_setzero_ps();
     for (int64_t g = g0; g < g1; ++g) {
         const uint8_t *at = tile + (g - g0) * group_bytes;
-        for (int r = 0; r < R; ++r)
+        const struct x_group *xg = x + g * mb;
+        for (int r = 0; r < R; ++r) {
+            /* as tile_vnni reads q4_0: W read ahead by hand keeps more of its lines in flight (on Zen 2, q8_0 too:
+             * 4x4096x14336 on 1 thread 14.3 -> 8.2 ms, W from DRAM) */
+            for (int64_t line = 0; line < weight_bytes + 2 * GROUP; line += 64)
+                _mm_prefetch((const char *)(at + (r0 + r) * weight_bytes + PREFETCH + line), _MM_HINT_T0);
             for (int half = 0; half < 2; ++half) { /* blocks 0..7, then 8..15 */
                 const uint8_t *w = at + (r0 + r) * weight_bytes + 32 * half;
                 const __m256 dw = _mm256_cvtph_ps(
                     _mm_loadu_si128((const __m128i *)(at + rows_in * weight_bytes + (r0 + r) * 2 * GROUP + 16 * half)));
-                __m256i slot[SLOTS];
-                if (format == DECODE_Q4_0)
-                    for (int s = 0; s < 4; ++s) {
-                        const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * s));
-                        slot[s] = _mm256_sub_epi8(_mm256_and_si256(v, low), eight);
-                        slot[s + 4] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), eight);
-                    }
-                else
-                    for (int s = 0; s < SLOTS; ++s) slot[s] = _mm256_loadu_si256((const __m256i *)(w + 64 * s));
-#pragma GCC unroll 16
-                for (int i = 0; i < mb; ++i) {
-                    const struct x_group *entry = x + g * mb + i;
-                    __m256i dot = _mm256_setzero_si256();
-                    for (int s = 0; s < SLOTS; ++s) {
-                        const __m256i xs = _mm256_xor_si256(
-                            _mm256_load_si256((const __m256i *)(entry->q + 64 * s + 32 * half)), sign_bit);
-                        const __m256i products =
-                            _mm256_maddubs_epi16(_mm256_sign_epi8(slot[s], slot[s]), _mm256_sign_epi8(xs, slot[s]));
-                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(products, ones));
-                    }
-                    const __m256 scale = _mm256_mul_ps(dw, _mm256_load_ps(entry->d + 8 * half));
-                    acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r * mb + i]);
-                }
+                for (int i0 = 0; i0 < whole; i0 += chunk)
+                    half_group_avx2(format, chunk, xg + i0, w, dw, half, acc + r * mb + i0);
+                if (mb > whole) half_group_avx2(format, mb - whole, xg + whole, w, dw, half, acc + r * mb + whole);
             }
+        }
     }
     if (g1 < groups)
 #pragma GCC unroll 16
@@ -649,12 +705,19 @@ struct int8_job {
     int8_rows_fn rows;
 };
 
+/* A thread's share of W (blocks b0..b1 of BLOCK_TILES tiles) times all of X, ROWS rows of X per
+ * pass. With more rows than one pass takes (prefill: M = 32..1024), each block of W runs all the
+ * passes before the next block: the block (32 rows of W, 139 KB at K = 4096 in q8_0) is read
+ * from memory once and from cache by the other passes, where pass by pass over all of W read it
+ * from memory M / ROWS times. Each Y element is computed as before: the same bits. */
 static void int8_task(void *context, int64_t part) {
     const struct int8_job *job = context;
     const int64_t b0 = job->blocks * part / job->parts, b1 = job->blocks * (part + 1) / job->parts;
-    for (int64_t i0 = 0; b0 < b1 && i0 < job->M; i0 += ROWS)
-        job->rows(job->format, job->x + i0 * job->groups, min_i64(ROWS, job->M - i0), job->W, job->N, job->K,
-                  job->Y + i0 * job->N, job->N, b0, b1);
+    const int64_t panel = job->M > ROWS ? 1 : b1 - b0;
+    for (int64_t p0 = b0; p0 < b1; p0 += panel)
+        for (int64_t i0 = 0; i0 < job->M; i0 += ROWS)
+            job->rows(job->format, job->x + i0 * job->groups, min_i64(ROWS, job->M - i0), job->W, job->N, job->K,
+                      job->Y + i0 * job->N, job->N, p0, min_i64(p0 + panel, b1));
 }
 
 /* Y [M, N] = q8_0(X) [M, K] @ W^T for W [N, K] in ggml `format` (2 = q4_0, 8 = q8_0), given as
@@ -662,6 +725,7 @@ static void int8_task(void *context, int64_t part) {
  * VNNI). Returns decode.h's codes (3 for bf16 or any other format). */
 MATMUL_API int matmul_decode_int8_f32(const float *X, const uint8_t *W_packed, float *Y, int64_t M, int64_t N,
                                       int64_t K, int64_t format, int64_t threads, int64_t variant) {
+    if (format == DECODE_Q4_K) return decode_int8_q4k_f32(X, W_packed, Y, M, N, K, threads, variant); /* 12: q4_K */
     if (M < 0) return DECODE_ERR_ARGUMENT;
     const int status = check_shape(N, K, format);
     if (status) return status;
@@ -681,7 +745,7 @@ MATMUL_API int matmul_decode_int8_f32(const float *X, const uint8_t *W_packed, f
 #endif
     void *memory = NULL;
     if (posix_memalign(&memory, 64, (size_t)(M * job.groups) * sizeof(struct x_group))) return DECODE_ERR_MEMORY;
-    quantize_activations(X, M, K, quantizer_for(resolved), memory);
+    quantize_activations(X, M, K, quantizer_for(resolved), resolved == DECODE_AVX2 ? 0 : 0x80, memory);
     job.x = memory;
     job.parts = pool_threads_for(threads, (double)M * (double)N * (double)K, job.blocks);
     pool_run(job.parts, int8_task, &job);

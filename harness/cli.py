@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from subprocess import CalledProcessError
 
-from harness.backends import cuda
+from harness.backends import cuda, llama_cpp
 from harness.backends.external import ExternalError, add_external, is_external
 from harness.env import files
 from harness.env.cores import usable_cores
 from harness.env.switches import switch_problems
 from harness.experiments import EXPERIMENTS
 from harness.experiments.arguments import positive_seconds
-from harness.model import registry
+from harness.model import quant, registry
 from harness.model.core import run_mode
+from harness.model.errors import MatmulInputError, UnavailableError
 from harness.model.inputs import parse_shape, shape_argument
 from harness.model.registry import describe
 from harness.run.compare import compare
@@ -40,6 +42,18 @@ def _seed(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"invalid seed {value}: seeds are whole numbers >= 0")
     return value
+
+
+def _weight_format(text: str) -> str:
+    """--weights: a format of harness.quant (any case: q4_K, Q4_K) or float32."""
+    if text.lower() == "float32":
+        return "float32"
+    try:
+        return quant.format_of(text).name
+    except MatmulInputError:
+        raise argparse.ArgumentTypeError(
+            f"invalid weight format {text!r}: choose from {', '.join(quant.FORMATS)}, float32"
+        ) from None
 
 
 def _plot_path(text: str) -> str:
@@ -166,9 +180,16 @@ def main(argv=None) -> int:
         nargs="+",
         default=None,
         metavar="FORMAT",
-        choices=["q4_0", "q8_0", "bf16", "float32"],
-        help="decode: float32 activations times weights stored as q4_0, q8_0, bf16 or float32 "
+        type=_weight_format,
+        help=f"decode: float32 activations times weights stored as {', '.join(quant.FORMATS)} or float32 "
         "(shapes MxNxK: M rows of activations, W [N, K]); the float32 product is added",
+    )
+    comparing.add_argument(
+        "--weights-from",
+        choices=["dram", "cache"],
+        default="dram",
+        help="decode rows on the CPU: read W from DRAM, rotating through copies of it as a model's decode "
+        "does (default), or from cache (one W, repeated)",
     )
     comparing.add_argument(
         "--threads", type=int, default=1, help="BLAS and kernel threads (default 1; 0 = library default)"
@@ -220,6 +241,13 @@ def main(argv=None) -> int:
     heading.add_argument("directories", nargs="*", default=["results/cpu", "results/gpu"], metavar="DIR")
     heading.add_argument(
         "--out", default="results", metavar="DIR", help="where headline.md and .png go (default results)"
+    )
+    building = commands.add_parser(
+        "build-llama-cpp",
+        help="build current llama.cpp's CPU backend, the decode rows' peer (optional; a minute or two)",
+    )
+    building.add_argument(
+        "--source", default=None, metavar="DIR", help="a llama.cpp checkout to build (default: download the pinned one)"
     )
     reporting = commands.add_parser("report", help="gather the experiments' JSON and plots in DIR into DIR/REPORT.md")
     reporting.add_argument("directory", nargs="?", default="out")
@@ -358,6 +386,7 @@ def _compare_command(parser, args) -> int:
         weights=args.weights,
         isolate=args.isolate,
         timeout=args.timeout,
+        weights_from=args.weights_from,
     )
     print(results)
     for path, writer in ((args.json, results.to_json), (args.csv, results.to_csv), (args.plot, results.plot)):
@@ -373,7 +402,23 @@ def _compare_command(parser, args) -> int:
     return 0
 
 
+def _build_llama_cpp_command(parser, args) -> int:
+    try:
+        llama_cpp.build(Path(args.source) if args.source else None)
+    except CalledProcessError as error:
+        output = (error.stderr or b"").decode(errors="replace") if isinstance(error.stderr, bytes) else error.stderr
+        sys.stderr.write(
+            f"building llama.cpp failed: {' '.join(map(str, error.cmd[:3]))} ...\n{(output or '')[-3000:]}\n"
+        )
+        return 1
+    except UnavailableError as error:
+        sys.stderr.write(f"{error}\n")
+        return 1
+    return 0
+
+
 COMMANDS = {
+    "build-llama-cpp": _build_llama_cpp_command,
     "list": _list_command,
     "cuda-info": _cuda_info_command,
     "compare": _compare_command,

@@ -1,4 +1,4 @@
-"""Decode, modelled in NumPy: Y = X @ W^T with W stored as ggml stores it (q8_0, q4_0, bf16).
+"""Decode, modelled in NumPy: Y = X @ W^T with W stored as ggml stores it (q8_0, q4_0, q4_K, bf16).
 
 A language model generating text multiplies each new token's activations x [K] by every
 weight matrix W [N, K]; a batch of M tokens (several requests, or speculative drafts) gives
@@ -14,15 +14,21 @@ out here as ggml defines them (harness/model/quant.py makes the bytes):
     q8_0  34 bytes: float16 d, then 32 int8 q            weight i = d * q[i]
     q4_0  18 bytes: float16 d, then 16 bytes b            weight i = d * ((b[i] & 15) - 8),
                                                           weight i + 16 = d * ((b[i] >> 4) - 8)
+    q4_K 144 bytes for 256 weights, 8 sub-blocks of 32: float16 d, float16 dmin, 12 bytes of
+         6-bit scales sc[j] and mins m[j], then 128 bytes qs in 4 chunks of 32: chunk c's
+         low nibbles are sub-block 2c, its high nibbles sub-block 2c + 1
+                                                          weight = d * sc[j] * q - dmin * m[j]
     bf16   2 bytes per weight: the top 16 bits of a float32
 
-The sums are float32, like the kernels': 32 products per block added to each row's total.
+The sums are float32, like the kernels': each block's products (32, or 256 for q4_K) added
+to each row's total.
 """
 
 import numpy as np
 
 BLOCK = 32
-BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18}
+BLOCK_SIZE = {"q8_0": 32, "q4_0": 32, "q4_K": 256}  # weights per block
+BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_K": 144}
 
 
 def dequantize_block_q8_0(block):
@@ -40,12 +46,28 @@ def dequantize_block_q4_0(block):
     return d * q
 
 
+def dequantize_block_q4_K(block):
+    """144 bytes -> 256 float32 weights: 8 sub-blocks of 32, each with a 6-bit scale and min."""
+    d = block[0:2].view("<f2")[0].astype(np.float32)
+    dmin = block[2:4].view("<f2")[0].astype(np.float32)
+    # b[0..3]: sc[0..3] in the low 6 bits, the top 2 bits of sc[4..7] above them; b[4..7]: the
+    # same for m; b[8..11]: the low 4 bits of sc[4..7], then of m[4..7] in the high nibble
+    b = block[4:16]
+    sc = np.concatenate([b[0:4] & 63, (b[8:12] & 15) | (b[0:4] >> 6) << 4])
+    m = np.concatenate([b[4:8] & 63, (b[8:12] >> 4) | (b[4:8] >> 6) << 4])
+    qs = block[16:144].reshape(4, 32)
+    q = np.stack([qs & 15, qs >> 4], axis=1).reshape(8, 32)  # sub-block 2c: chunk c's low nibbles
+    step = d * sc.astype(np.float32)  # exact, as are step * q; the subtraction rounds, once
+    low = dmin * m.astype(np.float32)
+    return (step[:, None] * q.astype(np.float32) - low[:, None]).reshape(256)
+
+
 def dequantize_chunk_bf16(chunk):
     """2 bytes per weight -> float32: the bfloat16 bits are the top half of the float32's."""
     return (chunk.view("<u2").astype(np.uint32) << 16).view(np.float32)
 
 
-DEQUANTIZE = {"q8_0": dequantize_block_q8_0, "q4_0": dequantize_block_q4_0}
+DEQUANTIZE = {"q8_0": dequantize_block_q8_0, "q4_0": dequantize_block_q4_0, "q4_K": dequantize_block_q4_K}
 
 
 def decode(x, format, n, k, data):
@@ -60,11 +82,10 @@ def decode(x, format, n, k, data):
                 w = dequantize_chunk_bf16(rows[j, 2 * p : 2 * min(p + BLOCK, k)])
                 y[:, j] += x[:, p : p + w.size] @ w
         return y
-    size = BYTES_PER_BLOCK[format]
-    dequantize = DEQUANTIZE[format]
-    blocks = data.reshape(n, k // BLOCK, size)
+    size, dequantize = BLOCK_SIZE[format], DEQUANTIZE[format]
+    blocks = data.reshape(n, k // size, BYTES_PER_BLOCK[format])
     for j in range(n):  # one row of W: one output feature
-        for b in range(k // BLOCK):
+        for b in range(k // size):
             w = dequantize(blocks[j, b])  # once per block ...
-            y[:, j] += x[:, b * BLOCK : (b + 1) * BLOCK] @ w  # ... applied to every activation row
+            y[:, j] += x[:, b * size : (b + 1) * size] @ w  # ... applied to every activation row
     return y

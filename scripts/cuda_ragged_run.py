@@ -27,6 +27,17 @@ DECODE_SHAPES = (
     Shape(5, 131, 1056),
     Shape(17, 33, 4128),
 )
+# q4_K, a lane a super-block of 256: one lane a row (768), 8 lanes (1280: 5 super-blocks, with 4
+# and 2 lanes a row for rows of X in fours and sixteens, a stage of X and part of one), the warp
+# (8448: 33 super-blocks, one lane with a second step)
+Q4K_DECODE_SHAPES = (
+    Shape(1, 45, 768),
+    Shape(1, 67, 1280),
+    Shape(1, 33, 8448),
+    Shape(3, 45, 1280),
+    Shape(9, 33, 768),
+    Shape(17, 33, 8448),
+)
 
 
 def main() -> int:
@@ -39,7 +50,7 @@ def main() -> int:
             continue
         if impl.weights:  # decode: X [M, K] times W [N, K] in each format, M past one pass of 16 rows
             for fmt in impl.weights:
-                for shape in DECODE_SHAPES:
+                for shape in Q4K_DECODE_SHAPES if fmt == "q4_K" else DECODE_SHAPES:
                     x, b = harness.make_inputs(shape, "float32", seed=3)
                     w = quantize(np.ascontiguousarray(b.T), fmt)
                     outcome = harness.check(harness.get(impl.name)(x, w), x, w.dequantize().T)

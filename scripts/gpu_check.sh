@@ -26,8 +26,9 @@
 #                test, one config per autotuned kernel
 #   sanitizer    compute-sanitizer memcheck and racecheck of every CUDA kernel at ragged shapes
 #   rest         the rest of the comparison, as time allows: decode in q8_0 and bf16, batched
-#                decode, cuBLAS's BF16 GEMV at the decode shapes, the GEMV and GEMM kernels an
-#                H200 has measured before (scripts/gpu_steps.py, default_groups)
+#                decode, cuBLAS's BF16 GEMV at the decode shapes, decode in q4_K (never run on
+#                a GPU) at 1x28672x8192, the GEMV and GEMM kernels an H200 has measured before
+#                (scripts/gpu_steps.py, default_groups)
 #   verdicts     the speed targets, read from every comparison row (nothing re-measured); the
 #                steps before it always leave it its few seconds
 #   experiments  the GPU half of the experiments, with whatever time is left
@@ -72,7 +73,7 @@ STEPS=(
     "loaders 5 20 4"
     "compile 10 30 12"
     "smoke 15 75 30"
-    "decode 30 90 plan"
+    "decode 30 105 plan"
     "comparison 30 90 plan"
     "correctness 30 150 100"
     "sanitizer 15 45 15"

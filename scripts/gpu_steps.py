@@ -84,8 +84,13 @@ ALL_DTYPES = ["float32", "bfloat16", "float16"]
 # same shapes. Then batched decode at one of them, in q4_0 (BATCH_SHAPES).
 DECODE_SHAPES = ["1x16384x16384", "1x28672x8192"]
 FLOAT_WEIGHTS = "float32"  # a decode problem's unquantized weights: the plain product (harness.run.compare)
-DECODE_WEIGHTS = ["q4_0", "q8_0", "bf16", FLOAT_WEIGHTS]  # in order of value: the verdicts judge q4_0
+DECODE_WEIGHTS = ["q4_0", "q8_0", "bf16", "q4_K", FLOAT_WEIGHTS]  # in order of value: the verdicts judge q4_0
 BATCH_SHAPES = ["4x28672x8192", "16x28672x8192"]  # the 4- and 16-row tiles of cuda/decode.cu
+# q4_K, no verdict's and never measured on a GPU, at one of the decode shapes (W 132 MB): its host
+# side (llama.cpp's quantizer, in NumPy) takes about a minute a shape on the development machine,
+# so it is a group of its own, after the decode rows that fit the plan (NEW_WEIGHTS_SHAPES).
+NEW_WEIGHTS = ["q4_K"]
+NEW_WEIGHTS_SHAPES = ["1x28672x8192"]
 
 # The GPU script's comparison steps, in the order it runs them: the decode rows the verdicts
 # judge first (never measured yet), then the never-run GEMM kernels beside their baseline, then
@@ -117,9 +122,10 @@ def default_groups(part: str | None = None) -> list[Group]:
     comparison       GEMM 4096 and 8192 in bfloat16: cuBLAS, then the never-run kernels (their
                      verdicts)
     rest             decode in q8_0 and bf16, batched decode (M = 4, 16) in q4_0, cuBLAS's BF16
-                     GEMV at the decode shapes; GEMV 1x16384x16384 (cuBLAS, cuda.gemv,
-                     triton.gemv); every GEMM in float32, float16 and bfloat16 (cuBLAS first; the
-                     rows measured in an earlier step are not measured again)
+                     GEMV at the decode shapes, decode in q4_K at 1x28672x8192; GEMV
+                     1x16384x16384 (cuBLAS, cuda.gemv, triton.gemv); every GEMM in float32,
+                     float16 and bfloat16 (cuBLAS first; the rows measured in an earlier step are
+                     not measured again)
     """
     if os.environ.get(PLAN_ENV):
         plan = json.loads(os.environ[PLAN_ENV])
@@ -130,7 +136,7 @@ def default_groups(part: str | None = None) -> list[Group]:
     baselines = [impl.name for impl in harness.implementations() if impl.device == "gpu" and impl.baseline]
     ours_first = sorted(gpu, key=lambda impl: impl.peer)
     q4_0 = [impl.name for impl in ours_first if "q4_0" in impl.weights]
-    more = [w for w in DECODE_WEIGHTS if w not in ("q4_0", FLOAT_WEIGHTS)]
+    more = [w for w in DECODE_WEIGHTS if w not in ("q4_0", FLOAT_WEIGHTS, *NEW_WEIGHTS)]
     gemm = [impl.name for impl in gpu if impl.operation == "gemm" and not impl.weights]
     plan = {
         "decode": [Group("decode-q4_0", q4_0 + baselines, DECODE_SHAPES, ["float32"], ["q4_0", FLOAT_WEIGHTS])],
@@ -145,6 +151,13 @@ def default_groups(part: str | None = None) -> list[Group]:
             ),
             Group("decode-batch", q4_0, BATCH_SHAPES, ["float32"], ["q4_0"]),
             Group("decode-cublas-bf16", baselines, DECODE_SHAPES, ["bfloat16"], []),
+            Group(
+                "decode-q4_K",
+                [i.name for i in ours_first if set(NEW_WEIGHTS) & set(i.weights)],
+                NEW_WEIGHTS_SHAPES,
+                ["float32"],
+                NEW_WEIGHTS,
+            ),
             Group("gemv", baselines + [i.name for i in gpu if i.operation == "gemv"], GEMV_SHAPES, ALL_DTYPES, []),
             Group("gemm", baselines + [n for n in gemm if n not in NEVER_RUN] + NEVER_RUN, GEMM_SHAPES, ALL_DTYPES, []),
         ],
@@ -167,6 +180,7 @@ DEVICE_SECONDS = {
     "decode-more": 40,  # 8 rows; triton.decode tunes 6 configs for each of 2 formats
     "decode-batch": 35,  # 6 rows; triton.decode's rows kernel tunes up to 9 configs per shape
     "decode-cublas-bf16": 8,  # 2 rows
+    "decode-q4_K": 20,  # 2 rows; triton.decode tunes 6 configs
     "gemv": 20,  # 8 rows; triton.gemv tunes per dtype
     "gemm": 90,  # 25 rows to measure (the rest refused, or measured by gemm-new); triton.matmul tunes per problem
 }
@@ -768,7 +782,7 @@ def host_setup_seconds(group: Group, scale: int = 1) -> dict[str, float]:
             problem.row_inputs()
             problem.written()
             problem.written()
-            problem.allowance(impl.activation_rounding)
+            problem.allowance(impl.rounding_for(fmt))
         return time.process_time() - began
 
     try:

@@ -21,7 +21,7 @@ from leftovers import RUN_MARK, left_running  # noqa: E402
 DEFAULT_BENCH_SHAPES = "128 512 1024 1x4096x4096"
 DEFAULT_BENCH_DTYPES = "float32"
 DEFAULT_DECODE_SHAPES = "1x4096x14336"  # Llama-3-8B's down projection, one token
-DEFAULT_DECODE_WEIGHTS = "q4_0 q8_0 bf16 float32"
+DEFAULT_DECODE_WEIGHTS = "q4_0 q8_0 q4_K bf16 float32"
 
 
 def pytest_addoption(parser):

@@ -16,10 +16,14 @@ results/gpu/REPORT.md), and 4.8 TB/s of HBM3e (harness/backends/gpu.py's datashe
                       q4_0 (18 bytes per 32 weights)  4.61
                       q8_0 (34 bytes)                 8.71
                       bf16 (64 bytes)                16.40
+                      q4_K (144 bytes per 256 weights: 18 per 32, 4.5 bits a weight)
+                                                      4.61 per 32 weights, 36.9 per super-block
 
 Each lane of the loop works on a block of its own (a warp covers 32 blocks per trip and row),
 so one warp-instruction of the loop serves 32 blocks, and the budget per lane and block is 32
-times those: 147.6 (q4_0), 278.8 (q8_0) and 524.9 (bf16) instructions. The integer pipe takes 16
+times those: 147.6 (q4_0), 278.8 (q8_0) and 524.9 (bf16) instructions; for q4_K, whose lanes
+each take a whole super-block, 1181 per super-block, 147.6 per 32 weights, the unit counted
+here (a q4_K sub-block). The integer pipe takes 16
 lanes per scheduler per cycle (64 per SM: half the issue rate), so at most half of each budget
 may be integer instructions (LOP3, PRMT, shifts, adds, IMAD, compares, moves). And no
 int-to-float conversion belongs in the loop: I2F runs at 16 per SM per cycle, an eighth of
@@ -27,9 +31,18 @@ the FP32 rate.
 
 Counted: the loop that reads W (its evict-first 16-byte loads) of each M = 1 kernel compiled
 for sm_90, every instruction from its head to its backward branch, divided by the blocks one
-trip reads (those loads, 1, 2 or 4 per block). Today's kernel: q4_0 118, q8_0 128, bf16 92
-(the first version: 194, 157, 83), so by its counts it is memory-bound: q4_0 could issue
-5.1 TB/s of blocks.
+trip reads (those loads, 1, 2 or 4 per block; q4_K: 9 per super-block of 8 sub-blocks, its
+header and 8 of quants). Today's kernel: q4_0 118, q8_0 128, bf16 92 (the first version: 194,
+157, 83), so by its counts it is memory-bound: q4_0 could issue 5.1 TB/s of blocks.
+
+q4_K (nvcc 13.0): 143.8 per sub-block (2301 per trip of 2 rows x 1 super-block), 39.9 of them
+integer, of the 147.6 allowed: an issue roof of 4.19 TB/s, 87% of the HBM. Every weight is
+dequantized exactly, as ggml's float32 weights are ((d sc_j) q - dmin m_j, one rounding), not
+scaled once per block as q4_0's are, so a weight costs one more FFMA: 4.125 instructions a
+weight (LOP3 + FADD to make its nibble a float, FFMA to dequantize, FFMA to accumulate; a
+shift per 8 weights), 132 per sub-block, and 11.8 for the rest (16-byte loads of W and of X,
+the scales and mins). Written in C the nibble's mask-and-exponent LOP3 becomes two (176 per
+sub-block): the kernel writes it as PTX (test_the_q4_k_budget_fails_without_one_lop3_a_nibble).
 """
 
 from __future__ import annotations
@@ -53,8 +66,8 @@ FRACTION = 0.85
 ISSUE_RATE = SMS * SCHEDULERS * CLOCK_HZ  # warp-instructions per second
 LANES = 32  # blocks a warp-instruction of the loop serves
 
-BLOCK_BYTES = {"q4_0": 18, "q8_0": 34, "bf16": 64}  # per 32 weights
-VECTORS = {"q4_0": 1, "q8_0": 2, "bf16": 4}  # 16-byte loads of W per block
+BLOCK_BYTES = {"q4_0": 18, "q8_0": 34, "bf16": 64, "q4_K": 144 / 8}  # per 32 weights
+VECTORS = {"q4_0": 1, "q8_0": 2, "bf16": 4, "q4_K": 9 / 8}  # 16-byte loads of W per block (q4_K: 9 per 8)
 INTEGER = {
     "LOP3", "LOP", "PRMT", "SHF", "SHL", "SHR", "IADD3", "IADD", "VIADD", "LEA", "IMAD", "IMUL",
     "ISETP", "SEL", "IMNMX", "VIMNMX", "VIADDMNMX", "IABS", "MOV", "P2R", "R2P", "PLOP3", "POPC",
@@ -131,14 +144,18 @@ def check_budget(instructions: list[str], fmt: str, where: str) -> Loop:
     return loop
 
 
-FORMATS = ["q4_0", "q8_0", "bf16"]
+FORMATS = ["q4_0", "q8_0", "bf16", "q4_K"]
 
 
 def test_the_budgets_follow_from_the_h200s_figures():
-    assert {f: round(budget(f)) for f in FORMATS} == {"q4_0": 148, "q8_0": 279, "bf16": 525}
+    assert {f: round(budget(f)) for f in FORMATS} == {"q4_0": 148, "q8_0": 279, "bf16": 525, "q4_K": 148}
     assert BLOCK_BYTES["q4_0"] == quant.FORMATS["q4_0"].bytes_per_block
     assert BLOCK_BYTES["q8_0"] == quant.FORMATS["q8_0"].bytes_per_block
     assert BLOCK_BYTES["bf16"] == 32 * quant.FORMATS["bf16"].bytes_per_block
+    q4_k = quant.FORMATS["q4_K"]  # 144 bytes per 256 weights: 4.5 bits a weight, as q4_0
+    assert BLOCK_BYTES["q4_K"] * q4_k.block_size / 32 == q4_k.bytes_per_block and q4_k.bits_per_weight == 4.5
+    assert round(budget("q4_K") * q4_k.block_size / 32) == 1181  # per super-block
+    assert VECTORS["q4_K"] * q4_k.block_size / 32 * 16 == q4_k.bytes_per_block
     # the first version's 774 instructions per 4 q4_0 blocks: issue-bound near 3.1 TB/s
     assert bandwidth_by_issue("q4_0", 774 / 4) == pytest.approx(3.1e12, rel=0.01)
 
@@ -156,13 +173,24 @@ def test_the_m1_loop_fits_the_budget_that_reaches_85_percent_of_hbm(fmt):
     kernel = f"decode_{fmt}_m1_f32"
     instructions = sass.cuda_sass("cuda/decode.cu", "sm_90")[kernel]
     loop = check_budget(instructions, fmt, f"{kernel} on sm_90")
-    if fmt != "bf16":  # the scale once per block: converted (fp16 to fp32) once, no multiply per weight
+    if fmt in ("q4_0", "q8_0"):  # the scale once per block: converted (fp16 to fp32) once, no multiply per weight
         assert loop.count({"FMUL"}) == 0, sass.opcodes(loop.body)
         assert loop.count({"HADD2"}) == loop.blocks, sass.opcodes(loop.body)
+    if fmt == "q4_K":
+        # each weight: a FADD (its nibble as a float), an FFMA (dequantized: one rounding) and an
+        # FFMA (times x); each sub-block: d sc_j and dmin m_j, an FFMA each; each super-block: d
+        # and dmin converted once (HADD2) and multiplied by 2^23 once (FMUL)
+        supers = loop.blocks / 8
+        assert loop.count({"FADD"}) == 32 * loop.blocks, sass.opcodes(loop.body)
+        assert loop.count({"FFMA"}) == (64 + 2) * loop.blocks, sass.opcodes(loop.body)
+        assert loop.count({"HADD2"}) == loop.count({"FMUL"}) == 2 * supers, sass.opcodes(loop.body)
 
 
 @needs_sass
-@pytest.mark.parametrize("kernel", ["decode_q4_0_m4_f32", "decode_q4_0_m16_f32", "decode_q8_0_m16_f32"])
+@pytest.mark.parametrize(
+    "kernel",
+    ["decode_q4_0_m4_f32", "decode_q4_0_m16_f32", "decode_q8_0_m16_f32", "decode_q4_K_m4_f32", "decode_q4_K_m16_f32"],
+)
 def test_the_batched_loops_read_x_from_shared_memory(kernel):
     """M > 1: the rows of X come from the block's stage in shared memory (LDS.128), 8 per row of
     X and block, none from global memory inside the loop."""
@@ -170,9 +198,10 @@ def test_the_batched_loops_read_x_from_shared_memory(kernel):
     rows_of_x = int(kernel.split("_m")[1].split("_")[0])
     loop = w_loop(sass.cuda_sass("cuda/decode.cu", "sm_90")[kernel], fmt)
     x_loads = len(sass.find(loop.body, "LDS", "128"))
-    rows_of_w = {"q4_0": 4, "q8_0": 2}[fmt]
+    rows_of_w = {"q4_0": 4, "q8_0": 2, "q4_K": 2}[fmt]
     assert x_loads == 8 * rows_of_x * loop.blocks / rows_of_w, sass.opcodes(loop.body)
-    assert loop.count({"LDG"}) == VECTORS[fmt] * loop.blocks + loop.blocks  # W's quants and scales only
+    scale_loads = 0 if fmt == "q4_K" else loop.blocks  # q4_K's scales are in its super-block's 16-byte header
+    assert loop.count({"LDG"}) == VECTORS[fmt] * loop.blocks + scale_loads  # W's quants and scales only
 
 
 @needs_sass
@@ -192,3 +221,22 @@ def test_the_budget_fails_on_a_conversion_per_weight(tmp_path):
     with pytest.raises(AssertionError, match=r"instructions per q4_0 block|int/float conversions"):
         check_budget(instructions, "q4_0", "decode_q4_0_m1_f32 with I2F")
     assert w_loop(instructions, "q4_0").count(CONVERSIONS) > 0
+
+
+@needs_sass
+def test_the_q4_k_budget_fails_without_one_lop3_a_nibble(tmp_path):
+    """The q4_K check can fail too: with the nibble's mask and exponent written in C (what the
+    kernel's PTX lop3 stands for), the compiler spends two LOP3s a weight, and the loop is over
+    the budget (176 instructions a sub-block with nvcc 13.0)."""
+    text = source_path("cuda/decode.cu").read_text()
+    in_c = replace_code(
+        text,
+        'asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(out) : "r"(word), "r"(mask), "r"(exponent));',
+        "out = (word & mask) | exponent;",
+    )
+    source = tmp_path / "decode_two_lop3.cu"
+    source.write_text(in_c)
+    instructions = sass.cuda_sass(source, "sm_90")["decode_q4_K_m1_f32"]
+    with pytest.raises(AssertionError, match=r"instructions per q4_K block"):
+        check_budget(instructions, "q4_K", "decode_q4_K_m1_f32 with two LOP3s a nibble")
+    assert w_loop(instructions, "q4_K").count({"LOP3"}) >= 2 * 32 * w_loop(instructions, "q4_K").blocks

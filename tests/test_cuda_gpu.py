@@ -75,9 +75,15 @@ def test_native_matches_reference(name, shape, dtype, loader):
 DECODE_SHAPES = [
     Shape(m, n, k) for m in (1, 4, 5, 16, 17) for n, k in [(1, 32), (7, 96), (65, 544), (33, 4128), (4096, 4096)]
 ]
+# q4_K, a lane a super-block of 256: K = 256 and 768, one lane a row; 1280, 8 lanes a row (4 and 2
+# for rows of X in fours and sixteens, with a stage of X and part of one); 8448, the warp, one lane
+# with a second step; 4096, whole steps
+Q4K_DECODE_SHAPES = [
+    Shape(m, n, k) for m in (1, 4, 5, 16, 17) for n, k in [(1, 256), (7, 768), (65, 1280), (33, 8448), (512, 4096)]
+]
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16", "q4_K"])
 def test_native_decode_matches_reference(fmt, loader):
     """cuda.decode (Y = X W^T, W quantized) at its edge shapes, checked against the float64
     product of X and the weights the format holds."""
@@ -85,7 +91,7 @@ def test_native_decode_matches_reference(fmt, loader):
 
     from harness.model.quant import quantize
 
-    for shape in DECODE_SHAPES:
+    for shape in Q4K_DECODE_SHAPES if fmt == "q4_K" else DECODE_SHAPES:
         x, b = harness.make_inputs(shape, "float32", seed=7)
         w = quantize(np.ascontiguousarray(b.T), fmt)
         prepared = harness.get("cuda.decode").prepare(x, w)

@@ -182,3 +182,17 @@ def test_torchs_int4_kernel_gets_the_q4_0_weights_exactly():
         assert results.row("torch.int4", shape, weights="q4_0").passed, shape
     refused = results.row("torch.int4", "5x33x64", weights="q4_0")
     assert refused.status.startswith("skipped") and "multiple of 16" in refused.status
+
+
+def test_the_int8_roof_is_measured_within_what_the_core_allows():
+    from harness.run import machine
+
+    if not {"avx2"} & set(machine.simd_flags()):
+        pytest.skip("no int8 SIMD instruction the roof measures on this CPU")
+    roof = machine.measured_int8_roof()
+    assert roof is not None and 0 < roof["median"] <= roof["best"]
+    bound = machine.roof_bound("int8_gops")
+    assert bound is None or roof["best"] <= bound
+    # at least the FMA roof's float32 rate: a byte product is never slower than a float one
+    fma = machine.measured_fma_roofs()
+    assert fma is None or roof["best"] >= 0.5 * fma["float32"]["best"]

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import harness
 from harness.experiments import EXPERIMENTS
 from harness.tooling.report import write_report
 
@@ -170,4 +171,33 @@ def test_decode_sweeps_bytes_and_batch(tmp_path):
     assert {r.get("weights") for r in rows if r["sweep"] == "bytes"} == set(decode.FORMATS)
     assert all(r["status"] == "ok" for r in rows)
     assert {r["m"] for r in data["rows"] if r["sweep"] == "batch"} == {1, 2, 4}
-    assert "memory roof" in decode.summarize(data)
+    # against llama.cpp: ours in every format it compares, at every batch asked
+    assert {(r["weights"], r["m"]) for r in rows if r["sweep"] == "peers"} == {
+        (fmt, m) for fmt in decode.PEER_FORMATS for m in decode.PEER_BATCHES
+    }
+    summary = decode.summarize(data)
+    assert "memory roof" in summary
+    if harness.lookup("llama.cpp.mul_mat").available:
+        assert "Against current llama.cpp" in summary and "repack" in summary
+
+
+def test_prefill_times_each_batch_per_token_beside_llama_cpp(tmp_path):
+    from harness.experiments import prefill
+
+    data = prefill.run(
+        tmp_path, shape="64x256", batches=[1, 128], formats=["q8_0", "q4_K", "float32"], threads=[1], min_time=0.01
+    )
+    assert (tmp_path / "prefill.json").is_file() and (tmp_path / "prefill.png").is_file()
+    ours = [r for r in data["rows"] if r["implementation"] in prefill.OURS and r["status"] != "skipped"]
+    assert {(r["weights"], r["m"]) for r in ours} == {(f, m) for f in ("q8_0", "q4_K", "float32") for m in (1, 128)}
+    assert all(r["status"] == "ok" for r in ours), [r["status"] for r in ours]
+    # the int8 kernels are scored against the int8 roof, the float32 product against the FMA roof
+    if data["int8_roof_gops_per_core"]:
+        assert {r.get("peak_of") for r in ours if r["implementation"] == "c.decode_int8"} == {"int8"}
+    assert {r.get("peak_of") for r in ours if r["implementation"] == "c.packed"} <= {"float32", None}
+    summary = prefill.summarize(data)
+    assert "| 128 | 1 | q8_0 |" in summary and "time per token" in summary
+    lines = prefill.findings(data)
+    assert lines and all(line.strip() for line in lines)
+    if harness.lookup("llama.cpp.mul_mat").available:
+        assert any("llama.cpp" in line for line in lines)

@@ -8,9 +8,6 @@ and are skipped, saying so, where it is missing.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-
 import numpy as np
 import pytest
 
@@ -204,18 +201,7 @@ def test_ggml_refuses_float_weights_and_gives_zeros_for_k_0():
     assert "ggml" in harness.model.registry.describe(IMPL)
 
 
-# harness.compare is the function; the module is in sys.modules
-COMPARE_PASSES_THE_DECLARATION = "activation_rounding" in inspect.getsource(
-    importlib.import_module("harness.run.compare")
-)
-
-
 @needs_ggml
-@pytest.mark.xfail(
-    not COMPARE_PASSES_THE_DECLARATION,
-    strict=True,
-    reason="harness/run/compare.py does not yet pass Implementation.activation_rounding to check()",
-)
 def test_compare_checks_and_times_ggml_on_the_edge_shapes():
     results = harness.compare(EDGE_SHAPES, ["ggml.mul_mat"], weights=list(FORMATS), min_time=0.002, baselines=False)
     assert len(results.rows) == len(EDGE_SHAPES) * len(FORMATS)

@@ -132,6 +132,8 @@ def test_times_in_human_units(seconds, text):
 
 def test_the_quick_start_table_at_80_columns_is_short():
     results = harness.compare([64], ["c.*", "numpy", "python.ikj", "cuda.*", "triton.*"], ["float32"], min_time=0.01)
+    for row in results.rows:  # the busy-machine note ("! the timings ... spread") comes and goes with the load
+        row.spread = None
     text = results.render(80)
     assert max(len(line) for line in text.splitlines()) <= 80
     assert len(text.splitlines()) < 30

@@ -1,8 +1,10 @@
-"""triton.decode (triton/decode.py) on Triton's interpreter: Y = X W^T with W in q8_0, q4_0 or
-bf16, checked against the float64 product of X and the weights the format holds (K = 544: a
-partial last step); the layout it reads; and, compiled ahead of time for sm_90 (slow): at M = 1
-64 bytes of W per thread per step, pipelined by the loop's own stages, each block reduced in
-the loop, no layout change through shared memory; no spills in any config it keeps."""
+"""triton.decode (triton/decode.py) on Triton's interpreter: Y = X W^T with W in q8_0, q4_0,
+bf16 or q4_K, checked against the float64 product of X and the weights the format holds (K =
+544: a partial last step; q4_K: K = 256, 512, 768, 1, 2 or 3 super-blocks, and 8448, whole steps
+and a partial one); q4_K's weights, read back through one-hot rows of X, bit for bit ggml's
+float32 weights; the layout it reads; and, compiled ahead of time for sm_90 (slow): at M = 1 64
+bytes of W per thread per step, pipelined by the loop's own stages, each block reduced in the
+loop, no layout change through shared memory; no spills in any config it keeps."""
 
 from __future__ import annotations
 
@@ -19,11 +21,16 @@ from harness.tooling import sass
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 
-FORMATS = ["q8_0", "q4_0", "bf16"]
+BLOCK_FORMATS = ["q8_0", "q4_0", "bf16"]  # blocks of 32 weights (bf16: none)
+FORMATS = BLOCK_FORMATS + ["q4_K"]
 EDGE_K = [32, 64, 96, 544, 4128]  # 544: 17 blocks, a partial last step
 EDGE_N = [1, 7, 33]
 EDGE_M = [1, 2, 3, 5, 16, 17]  # 17: a second pass of 16 rows (the interpreter's budget: not every M)
 BF16_K = [1, 31, 33]
+# q4_K: 1, 2, 3 super-blocks (4, 8, 12 chunks of 64: a partial step, a whole one, both, with the
+# interpreter's 8 chunks a step); every M in the slow tier
+Q4K_K = [256, 512, 768]
+Q4K_N = [1, 5, 17, 33]
 
 
 def _weights(n: int, k: int, seed: int) -> np.ndarray:
@@ -33,6 +40,19 @@ def _weights(n: int, k: int, seed: int) -> np.ndarray:
     if k >= 64:
         w[0, 32:64] = 0
     w[-1, :32] = -np.abs(w[-1, :32])
+    return w
+
+
+def _q4k_weights(n: int, k: int, seed: int) -> np.ndarray:
+    """_weights, and a super-block of zeros (d = dmin = 0), a row of one value (scales 0), a row
+    offset far from zero (large mins), a row all positive (mins 0)."""
+    w = _weights(n, k, seed)
+    if k >= 512:
+        w[0, 256:512] = 0
+    if n >= 5:
+        w[1] = 0.75
+        w[2] = w[2] * np.float32(0.01) - np.float32(3.0)
+        w[3] = np.abs(w[3])
     return w
 
 
@@ -51,7 +71,7 @@ def _run(x, w):
     return prepared.mode, y
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
 def test_interpreted_decode_on_the_edge_shapes(fmt):
     for n in EDGE_N:
         for k in EDGE_K + (BF16_K if fmt == "bf16" else []):
@@ -62,6 +82,37 @@ def test_interpreted_decode_on_the_edge_shapes(fmt):
                 mode, y = _run(x, w)
                 outcome = check(y, x, w.dequantize().T)
                 assert outcome.passed, f"triton.decode ({mode}) {fmt} {m}x{n}x{k}: {outcome.message}"
+
+
+def _check_q4k(shapes):
+    for n, k, rows in shapes:
+        w = quant.quantize(_q4k_weights(n, k, seed=n + k), "q4_K")
+        x_all = np.random.default_rng(k).standard_normal((max(rows), k)).astype(np.float32)
+        for m in rows:
+            x = x_all[:m]
+            mode, y = _run(x, w)
+            outcome = check(y, x, w.dequantize().T)
+            assert outcome.passed, f"triton.decode ({mode}) q4_K {m}x{n}x{k}: {outcome.message}"
+
+
+def test_interpreted_q4_k_decode_on_the_edge_shapes():
+    _check_q4k([(n, k, EDGE_M) for k in Q4K_K for n in Q4K_N] + [(5, 8448, [1, 3])])
+
+
+@pytest.mark.slow  # every M the interpreter's budget leaves out of the fast tier
+def test_interpreted_q4_k_decode_at_every_m():
+    _check_q4k([(n, k, [m for m in range(1, 18) if m not in EDGE_M]) for k in Q4K_K for n in Q4K_N])
+
+
+def test_interpreted_q4_k_weights_are_ggmls_float32_weights_exactly():
+    """Each row of X one-hot: every output is one weight times 1 plus zeros, exact, so Y is the
+    kernel's own dequantized W^T, which must be ggml's float32 weights bit for bit: X = the first
+    17 rows of I (decode_rows_kernel, two passes) and row 300 (decode_kernel)."""
+    w = quant.quantize(_q4k_weights(9, 512, seed=512), "q4_K")
+    expected = w.dequantize().T
+    eye = np.eye(512, dtype=np.float32)
+    assert np.array_equal(_run(eye[:17], w)[1], expected[:17])
+    assert np.array_equal(_run(eye[300:301], w)[1], expected[300:301])
 
 
 def test_interpreted_decode_through_compare():
@@ -87,6 +138,14 @@ def test_pack_splits_ggmls_bytes_into_scales_and_quants():
     assert none is None and rows.dtype == torch.bfloat16 and rows.shape == (3, 33)
     with pytest.raises(ValueError, match="multiple of 32"):
         module.pack("q4_0", 1, 48, torch.zeros(27, dtype=torch.uint8))
+    # q4_K: d and dmin apart, then the super-block's other 140 bytes (scales and mins, nibbles)
+    w = quant.quantize(_q4k_weights(5, 512, seed=4), "q4_K")
+    scales, quants = module.pack("q4_K", 5, 512, torch.from_numpy(w.data.copy()))
+    supers = w.data.reshape(5, 2, 144)
+    np.testing.assert_array_equal(scales.numpy(), supers[..., :4].copy().view("<f2"))
+    np.testing.assert_array_equal(quants.numpy(), supers[..., 4:])
+    with pytest.raises(ValueError, match="multiple of 256"):
+        module.pack("q4_K", 1, 288, torch.zeros(162, dtype=torch.uint8))
 
 
 # ---- the machine code (compiled ahead of time for sm_90, tests/triton_aot.py) ----------------------------

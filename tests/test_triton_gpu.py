@@ -121,9 +121,14 @@ def test_compare_times_native_tma_rows():
 # K = 96: one partial step; 544: 17 blocks, a partial last step; 4128: a step of one block at
 # the end; 4096: whole steps only. 17 rows: a second pass of 16.
 DECODE_SHAPES = [f"{m}x{n}x{k}" for m in (1, 3, 17) for n, k in [(1, 32), (7, 96), (65, 544), (33, 4128), (4096, 4096)]]
+# q4_K: its blocks are chunks of 64 weights, 4 a super-block of 256: K = 256, one partial step;
+# 1280, 20 chunks; 8448, 132 chunks, a step of 4 at the end; 4096, whole steps.
+Q4K_DECODE_SHAPES = [
+    f"{m}x{n}x{k}" for m in (1, 3, 17) for n, k in [(1, 256), (7, 768), (65, 1280), (33, 8448), (512, 4096)]
+]
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16", "q4_K"])
 @pytest.mark.parametrize("m1_config", [0, 1])
 def test_decode_native_at_the_edge_shapes_with_fixed_configs(fmt, m1_config):
     from harness.model.quant import quantize
@@ -131,7 +136,7 @@ def test_decode_native_at_the_edge_shapes_with_fixed_configs(fmt, m1_config):
     module = triton_kernels.load_source("triton/decode.py")
     m1 = module.CONFIGS[fmt][m1_config]
     rows = next(config for config in module.ROWS_CONFIGS if module.fits(config, module.MAX_M))
-    for shape in DECODE_SHAPES:
+    for shape in Q4K_DECODE_SHAPES if fmt == "q4_K" else DECODE_SHAPES:
         x, b = make_inputs(shape, "float32", seed=7)
         w = quantize(np.ascontiguousarray(b.T), fmt)
         scales, quants = module.pack(fmt, w.n, w.k, torch.from_numpy(w.data.copy()))

@@ -71,7 +71,8 @@ KERNELS = {
     "decode": (dc.decode_kernel, ["x_ptr", "s_ptr", "q_ptr", "y_ptr"], ["K"], {}),
     "decode_rows": (dc.decode_rows_kernel, ["x_ptr", "s_ptr", "q_ptr", "y_ptr"], ["K"], {}),
 }
-DECODE_POINTERS = {"q4_0": ("*fp16", "*u8"), "q8_0": ("*fp16", "*i8"), "bf16": ("*bf16", "*bf16")}
+DECODE_POINTERS = {"q4_0": ("*fp16", "*u8"), "q8_0": ("*fp16", "*i8"), "bf16": ("*bf16", "*bf16"),
+                   "q4_K": ("*fp16", "*u8")}
 
 def descriptor_types(dtype, kw):  # the descriptor arguments' types, spelled as Triton's launcher does
     c_n = kw["BLOCK_N"] // 2 if kw["EPILOGUE_SUBTILE"] else kw["BLOCK_N"]

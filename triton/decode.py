@@ -1,4 +1,4 @@
-"""Batched decode in Triton: Y [M, N] = X [M, K] @ W^T with W [N, K] in ggml's q8_0, q4_0 or bf16.
+"""Batched decode in Triton: Y [M, N] = X [M, K] @ W^T with W [N, K] in ggml's q8_0, q4_0, bf16 or q4_K.
 
 X is float32 (M = 1..16 rows per pass over W; more rows are further passes), W is stored as
 in GGUF (see the layouts below), Y is float32. The weights become exact float32 values in
@@ -51,6 +51,22 @@ and outside the timed region, the layout a GPU kernel wants from the same bytes:
 two tensors. bf16 is ggml's own layout, [N, K] bfloat16, masked along K. cuda/decode.cu reads
 the same split.
 
+q4_K
+----
+A q4_K super-block is 256 weights in 144 bytes: float16 d and dmin, 12 bytes of eight 6-bit
+scales sc_j and mins m_j (ggml's get_scale_min_k4), 128 bytes of nibbles, in four chunks of 32
+bytes whose low nibbles are sub-block 2c and high nibbles sub-block 2c + 1. ``pack`` makes d and
+dmin [N, K/256, 2] (float16) and the other 140 bytes [N, K/256, 140] (uint8). The kernels' block
+is a chunk, 64 weights in 32 bytes (8 words of 4, as q8_0's), so its tiles are q8_0's, each byte
+of word w holding weight 4 w + k (low nibble) and 4 w + k + 32 (high); the chunk's two scales
+and mins are gathered from the 12 bytes and made floats without a conversion. Its weights are
+not scaled once per block: each is dequantized to exactly ggml's float32 weight, (d sc_j) q -
+dmin m_j (d sc_j and dmin m_j are exact, the product too, so one rounding: a fused multiply-add
+gives the same), and then multiplied by x, so only the FP32 sums round. At M = 1 the loop takes
+about 225 instructions per thread and 32 weights (234 at STAGES = 3; q4_0 175 / 183), an issue
+roof of 2.6 to 2.7 TB/s on an H200: a weight's dequantization is an FFMA more, and the block's
+sums are two trees.
+
 Pseudo-code of one M = 1 program
 --------------------------------
     rows = program_id * BLOCK_N + [0, BLOCK_N)
@@ -70,9 +86,57 @@ import torch
 import triton
 import triton.language as tl
 
-FORMATS = ("q8_0", "q4_0", "bf16")
-_FORMAT_CODE = {"q8_0": 0, "q4_0": 1, "bf16": 2}
+FORMATS = ("q8_0", "q4_0", "bf16", "q4_K")
+_FORMAT_CODE = {"q8_0": 0, "q4_0": 1, "bf16": 2, "q4_K": 3}
 MAX_M = 16  # rows of X per pass over W
+Q4K_BYTES = tl.constexpr(140)  # q4_K's quants tensor per super-block: 12 bytes of scales and mins, 128 of nibbles
+
+
+@triton.jit
+def _q4k_scale_min(q_ptr, at, j, ok, zero):
+    """Sub-block j's 6-bit scale and min (ggml's get_scale_min_k4) from the 12 bytes b at q_ptr + at:
+    for j < 4, sc = b[j] & 63 and m = b[j + 4] & 63; else the low 4 bits from b[j + 4], the top 2
+    from b[j - 4] (sc) or b[j] (m). As float32, exactly and without a conversion (the magic number:
+    2^23 + v - 2^23)."""
+    low = j < 4
+    b_j = tl.load(q_ptr + at + j, mask=ok, other=zero).to(tl.int32)
+    b_j4 = tl.load(q_ptr + at + j + 4, mask=ok, other=zero).to(tl.int32)
+    b_jm4 = tl.load(q_ptr + at + tl.where(low, j, j - 4), mask=ok, other=zero).to(tl.int32)
+    sc = tl.where(low, b_j & 63, (b_j4 & 15) | ((b_jm4 >> 6) << 4))
+    m = tl.where(low, b_j4 & 63, (b_j4 >> 4) | ((b_j >> 6) << 4))
+    sc = (sc | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    m = (m | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return sc, m
+
+
+@triton.jit
+def _q4k_sub_block_scales(s_ptr, q_ptr, sup, c, ok, zero):
+    """Chunk c of super-block sup: (d sc, dmin m) of its sub-blocks 2c (low nibbles) and 2c + 1
+    (high nibbles), each exact in float32 (a float16 times a 6-bit integer)."""
+    d = tl.load(s_ptr + sup * 2, mask=ok, other=zero, eviction_policy="evict_first").to(tl.float32)
+    dmin = tl.load(s_ptr + sup * 2 + 1, mask=ok, other=zero, eviction_policy="evict_first").to(tl.float32)
+    sc_lo, m_lo = _q4k_scale_min(q_ptr, sup * Q4K_BYTES, 2 * c, ok, zero)
+    sc_hi, m_hi = _q4k_scale_min(q_ptr, sup * Q4K_BYTES, 2 * c + 1, ok, zero)
+    return d * sc_lo, dmin * m_lo, d * sc_hi, dmin * m_hi
+
+
+@triton.jit
+def _q4k_chunk_sums(x_ptr, s_ptr, q_ptr, n, block, w, k, supers, ok, zero):
+    """sum(W x) over chunk `block` (64 weights) of rows n, each weight dequantized exactly:
+    (d sc) q - dmin m, one rounding (the product is exact), as ggml's dequantize_row_q4_K.
+    [1, BLOCK_N, BLOCK_B, 1]; the quants as 8 words of 4 bytes, word w's byte k holding weight
+    4 w + k of the chunk (low nibble) and 4 w + k + 32 (high nibble)."""
+    sup = n * supers + block // 4
+    c = block % 4
+    scale_lo, min_lo, scale_hi, min_hi = _q4k_sub_block_scales(s_ptr, q_ptr, sup, c, ok, zero)
+    q = tl.load(q_ptr + sup * Q4K_BYTES + 12 + c * 32 + w * 4 + k, mask=ok, other=zero, eviction_policy="evict_first")
+    lo = ((q & 15).to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0  # 2^23 + n - 2^23
+    hi = ((q & 0xF0).to(tl.int32) | 0x49000000).to(tl.float32, bitcast=True) - 524288.0  # 2^19 + n - 2^19
+    col = block * 64 + w * 4 + k
+    x_lo = tl.load(x_ptr + col, mask=ok, other=zero)
+    x_hi = tl.load(x_ptr + col + 32, mask=ok, other=zero)
+    products = (lo * scale_lo - min_lo) * x_lo + (hi * scale_hi - min_hi) * x_hi
+    return tl.sum(tl.sum(products, axis=3, keep_dims=True), axis=0, keep_dims=True)
 
 
 @triton.jit
@@ -88,6 +152,8 @@ def _gemv_step(acc, x_ptr, s_ptr, q_ptr, step, w, n, b, k, K, blocks, FORMAT: tl
         x = tl.load(x_ptr + col, mask=ok, other=zero)
         return acc + tl.sum(tl.sum(wk * x, axis=3, keep_dims=True), axis=0, keep_dims=True)
     ok = block < blocks if MASKED else None
+    if FORMAT == 3:  # q4_K: a block is a chunk of 64 weights, 32 bytes, two sub-blocks (low, high nibbles)
+        return acc + _q4k_chunk_sums(x_ptr, s_ptr, q_ptr, n, block, w, k, blocks // 4, ok, zero)
     d = tl.load(s_ptr + n * blocks + block, mask=ok, other=zero, eviction_policy="evict_first").to(tl.float32)
     # The block's quants as WORDS x 4 bytes (a 4-byte load each: Triton vectorizes along the last
     # axis, which has the 4 bytes of quants and the 4 floats of x that a thread multiplies)
@@ -114,22 +180,23 @@ def decode_kernel(
     y_ptr,
     N,
     K,
-    FORMAT: tl.constexpr,  # 0 q8_0, 1 q4_0, 2 bf16
+    FORMAT: tl.constexpr,  # 0 q8_0, 1 q4_0, 2 bf16, 3 q4_K
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
     STAGES: tl.constexpr,
 ):
     """y [N] = W x for one row x [K]; one program per BLOCK_N rows of W."""
     pid = tl.program_id(axis=0)
-    WORDS: tl.constexpr = 4 if FORMAT == 1 else 8  # 4-element groups of a block of 32 weights
+    WORDS: tl.constexpr = 4 if FORMAT == 1 else 8  # 4-element groups of a block (of 32 weights; q4_K: 64)
+    UNIT: tl.constexpr = 64 if FORMAT == 3 else 32  # weights per block along K
     # [WORDS, BLOCK_N, BLOCK_B, 4]: a block's groups, rows of W, blocks, a group's elements
     w = tl.arange(0, WORDS)[:, None, None, None]
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n = tl.minimum(rows, N - 1)[None, :, None, None]  # rows past N: row N - 1 again, never stored
     b = tl.arange(0, BLOCK_B)[None, None, :, None]
     k = tl.arange(0, 4)[None, None, None, :]
-    blocks = tl.cdiv(K, 32)
-    whole = (K // 32) // BLOCK_B  # steps of BLOCK_B whole blocks, no mask
+    blocks = tl.cdiv(K, UNIT)
+    whole = (K // UNIT) // BLOCK_B  # steps of BLOCK_B whole blocks, no mask
     acc = tl.zeros((1, BLOCK_N, BLOCK_B, 1), dtype=tl.float32)
     for step in tl.range(0, whole, num_stages=STAGES):
         acc = _gemv_step(acc, x_ptr, s_ptr, q_ptr, step, w, n, b, k, K, blocks, FORMAT, BLOCK_B, WORDS, False)
@@ -137,6 +204,36 @@ def decode_kernel(
         acc = _gemv_step(acc, x_ptr, s_ptr, q_ptr, whole, w, n, b, k, K, blocks, FORMAT, BLOCK_B, WORDS, True)
     y = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_B)), axis=1)  # the only cross-thread sum, once per program
     tl.store(y_ptr + rows, y, mask=rows < N)
+
+
+@triton.jit
+def _q4k_rows(x_ptr, s_ptr, q_ptr, M, N, K, offs_m, offs_n, offs_b, m_ok, row_ok, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
+    """decode_rows_kernel's q4_K: Y [BLOCK_M, BLOCK_N] for its rows, weights dequantized exactly."""
+    chunks = K // 64
+    supers = K // 256
+    j = tl.arange(0, 32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_B * 32), dtype=tl.float32)
+    for step in range(0, tl.cdiv(chunks, BLOCK_B)):
+        b = step * BLOCK_B + offs_b
+        ok = row_ok[:, None] & (b < chunks)[None, :]  # [BLOCK_N, BLOCK_B]
+        sup = offs_n[:, None] * supers + (b // 4)[None, :]
+        c = (b % 4)[None, :]
+        scale_lo, min_lo, scale_hi, min_hi = _q4k_sub_block_scales(s_ptr, q_ptr, sup, c, ok, 0)
+        q = tl.load(
+            q_ptr + (sup * Q4K_BYTES + 12 + c * 32)[:, :, None] + j[None, None, :], mask=ok[:, :, None], other=0
+        )
+        lo = (q & 15).to(tl.float32) * scale_lo[:, :, None] - min_lo[:, :, None]
+        hi = (q >> 4).to(tl.float32) * scale_hi[:, :, None] - min_hi[:, :, None]
+        lo = tl.reshape(lo, (BLOCK_N, BLOCK_B * 32))
+        hi = tl.reshape(hi, (BLOCK_N, BLOCK_B * 32))
+        # byte j of chunk b: weight 64 b + j (low nibble) and 64 b + 32 + j (high)
+        k_lo = tl.reshape(b[:, None] * 64 + j[None, :], (BLOCK_B * 32,))
+        x_ok = m_ok[:, None] & (k_lo < K)[None, :]
+        x_lo = tl.load(x_ptr + offs_m[:, None] * K + k_lo[None, :], mask=x_ok, other=0.0)
+        x_hi = tl.load(x_ptr + offs_m[:, None] * K + 32 + k_lo[None, :], mask=x_ok, other=0.0)
+        acc += lo[None, :, :] * x_lo[:, None, :] + hi[None, :, :] * x_hi[:, None, :]
+    return tl.sum(acc, axis=2)
 
 
 @triton.jit
@@ -148,7 +245,7 @@ def decode_rows_kernel(
     M,
     N,
     K,
-    FORMAT: tl.constexpr,  # 0 q8_0, 1 q4_0, 2 bf16
+    FORMAT: tl.constexpr,  # 0 q8_0, 1 q4_0, 2 bf16, 3 q4_K
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -166,6 +263,10 @@ def decode_rows_kernel(
     # Products accumulate element-wise, [BLOCK_M, BLOCK_N, step], and are summed along K once,
     # after the loop (gemv.py's scheme, with a row of X per slice); the configs keep
     # BLOCK_M * BLOCK_N * step within the registers (``fits``).
+    if FORMAT == 3:  # q4_K: BLOCK_B chunks of 64 weights a step, their low and high halves apart
+        y = _q4k_rows(x_ptr, s_ptr, q_ptr, M, N, K, offs_m, offs_n, offs_b, m_ok, row_ok, BLOCK_M, BLOCK_N, BLOCK_B)
+        tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], y, mask=m_ok[:, None] & row_ok[None, :])
+        return
     if FORMAT == 1:
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_B * 16), dtype=tl.float32)
     else:
@@ -243,6 +344,16 @@ CONFIGS = {
         _config(2, 32, warps=1, stages=3),
         _config(4, 64, warps=2, stages=3),
     ],
+    # q4_K: a block is a chunk of 64 weights, 32 bytes of quants (as q8_0's blocks); 4 rows a
+    # thread spill where the loop is pipelined (STAGES 2 or 3), so the 4-row config is unpipelined
+    "q4_K": [
+        _config(2, 128, warps=4, stages=3),
+        _config(2, 128, warps=4),
+        _config(4, 128, warps=4),
+        _config(2, 256, warps=8, stages=3),
+        _config(2, 32, warps=1, stages=3),
+        _config(2, 64, warps=2, stages=3),
+    ],
     "bf16": [
         _config(1, 128, warps=4, stages=3),
         _config(1, 128, warps=4),
@@ -261,7 +372,7 @@ def one_layout(config) -> bool:
 
 def w_bytes_per_thread(fmt: str, config) -> int:
     """Bytes of W a thread loads per step of decode_kernel."""
-    per_block = {"q4_0": 16, "q8_0": 32, "bf16": 64}[fmt]
+    per_block = {"q4_0": 16, "q8_0": 32, "bf16": 64, "q4_K": 32}[fmt]
     return config.kwargs["BLOCK_N"] * config.kwargs["BLOCK_B"] * per_block // (32 * config.num_warps)
 
 
@@ -314,8 +425,10 @@ def _autotuned(fmt: str, rows: bool):
 
 def pack(fmt: str, n: int, k: int, data: torch.Tensor):
     """ggml's bytes of W [N, K] in ``fmt`` (a 1-D uint8 tensor) as the two tensors the kernel
-    reads: (scales [N, K/32] float16, quants [N, K/32, 16] uint8 or [N, K/32, 32] int8), or for
-    bf16 (None, W [N, K] bfloat16). The same values, copied (``data`` is never changed)."""
+    reads: (scales [N, K/32] float16, quants [N, K/32, 16] uint8 or [N, K/32, 32] int8), for
+    q4_K (d and dmin [N, K/256, 2] float16, the other 140 bytes of each super-block [N, K/256,
+    140] uint8: 12 of scales and mins, then 128 of nibbles), or for bf16 (None, W [N, K]
+    bfloat16). The same values, copied (``data`` is never changed)."""
     if fmt not in FORMATS:
         raise ValueError(f"decode: unknown weight format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.ndim != 1:
@@ -324,6 +437,13 @@ def pack(fmt: str, n: int, k: int, data: torch.Tensor):
         if data.numel() != 2 * n * k:
             raise ValueError(f"decode.pack: bf16 W [{n}, {k}] is {2 * n * k} bytes, got {data.numel()}")
         return None, data.clone().view(torch.bfloat16).reshape(n, k)
+    if fmt == "q4_K":
+        if k % 256:
+            raise ValueError(f"decode.pack: q4_K needs K to be a multiple of 256, got K = {k}")
+        if data.numel() != n * (k // 256) * 144:
+            raise ValueError(f"decode.pack: q4_K W [{n}, {k}] is {n * (k // 256) * 144} bytes, got {data.numel()}")
+        supers = data.reshape(n, k // 256, 144)
+        return supers[..., :4].contiguous().view(torch.float16), supers[..., 4:].contiguous()
     if k % 32:
         raise ValueError(f"decode.pack: {fmt} needs K to be a multiple of 32, got K = {k}")
     quant_bytes = 16 if fmt == "q4_0" else 32
@@ -347,7 +467,7 @@ def decode(x, fmt: str, scales, quants, *, config=None):
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.ndim != 2:
         raise TypeError("decode: x must be a 2-D torch.float32 tensor [M, K]")
     n = quants.shape[0]
-    k = quants.shape[1] if fmt == "bf16" else quants.shape[1] * 32
+    k = quants.shape[1] if fmt == "bf16" else quants.shape[1] * (256 if fmt == "q4_K" else 32)
     if x.shape[1] != k:
         raise ValueError(f"decode: x is {tuple(x.shape)} but W has K = {k}; x's columns must equal K")
     if INTERPRETED and x.device.type != "cpu":

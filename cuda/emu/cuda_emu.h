@@ -342,15 +342,20 @@ struct alignas(64) TensorMapBytes {
 };
 
 constexpr size_t kSharedWindowBytes = 228 * 1024, kSharedWindowAlign = size_t(1) << 18;
+// Filled with 0xff from the start: reset_block_state fills the window only once a kernel has
+// asked for it, which the first block of the first launch does after its reset.
+inline unsigned char* nan_filled_window() {
+    auto* bytes = static_cast<unsigned char*>(std::aligned_alloc(kSharedWindowAlign, kSharedWindowAlign));
+    std::memset(bytes, 0xff, kSharedWindowBytes);
+    return bytes;
+}
 inline unsigned char* shared_window() {
-    static unsigned char* window =
-        static_cast<unsigned char*>(std::aligned_alloc(kSharedWindowAlign, kSharedWindowAlign));
+    static unsigned char* window = nan_filled_window();
     return window;
 }
 // The async proxy's view of the window (see the header).
 inline unsigned char* async_view() {
-    static unsigned char* view =
-        static_cast<unsigned char*>(std::aligned_alloc(kSharedWindowAlign, kSharedWindowAlign));
+    static unsigned char* view = nan_filled_window();
     return view;
 }
 inline std::atomic<bool> window_in_use{false};  // set by ptx::dynamic_shared_memory()

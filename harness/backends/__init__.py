@@ -3,6 +3,6 @@
 reading order, simplest first, is the order of every table."""
 
 # isort: off
-from harness.backends import python_loops, c, decode, numpy_blas, peers, ggml_peer  # noqa: F401
+from harness.backends import python_loops, c, decode, numpy_blas, peers, ggml_peer, llama_cpp  # noqa: F401
 from harness.backends import cuda, torch_gpu, torch_int4, triton_kernels  # noqa: F401
 # isort: on

@@ -7,7 +7,7 @@ against the float64 product of X and ``b.dequantize()`` (exact: see quant.py), w
 ordinary float32 error model: the implementations here dequantize the weights exactly and
 only their float32 sums round.
 
-    python.decode   python/decode.py: the readable NumPy model, block by block
+    python.decode   python/decode.py: the readable NumPy model, block by block (also q4_K)
     c.decode        c/decode.c: SIMD dequantize-in-registers, M = 1..16 per pass over W, threads
 """
 
@@ -22,6 +22,7 @@ from harness.model.quant import FORMATS, QuantizedWeights, quantize
 from harness.model.registry import register
 
 WEIGHTS = ("q8_0", "q4_0", "bf16")
+PYTHON_WEIGHTS = ("q8_0", "q4_0", "q4_K", "bf16")  # python.decode's: q4_K's super-blocks too
 
 # c/decode.h's numbers.
 _DECODE_ERRORS = {
@@ -189,6 +190,8 @@ class CDecodeBackend(Backend):
 # is the slowest case. Measured at 1x2048x4096 on an AMD EPYC (Zen 2), CPython 3.11, median of 3:
 # q8_0 6.8e6 FLOP/s, bf16 7.7e6, q4_0 4.2e6 (15 us per block); the estimate takes the slowest,
 # so 1 x 4096 x 4096, the largest problem it takes unless allow_slow, is "about 8 seconds".
+# q4_K is not measured: its 256-weight blocks take a few more NumPy calls each than q4_0's 32,
+# far fewer per weight.
 PYTHON_DECODE_RATE = 4e6
 PYTHON_DECODE_MAX_FLOPS = 2 * 4096 * 4096
 
@@ -198,8 +201,8 @@ register(
         language="python",
         device="cpu",
         dtypes=("float32",),
-        weights=WEIGHTS,
-        summary="decode, Y = X W^T with W in ggml's q8_0 / q4_0 / bf16: block by block in NumPy (the model)",
+        weights=PYTHON_WEIGHTS,
+        summary="decode, Y = X W^T with W in ggml's q8_0 / q4_0 / q4_K / bf16: block by block in NumPy (the model)",
         backend=PythonDecodeBackend(),
         source="python/decode.py",
         max_flops=PYTHON_DECODE_MAX_FLOPS,
@@ -233,8 +236,9 @@ INT8_IMPLEMENTATION = register(
         language="c",
         device="cpu",
         dtypes=("float32",),
-        weights=("q8_0", "q4_0"),
-        summary="decode as llama.cpp does it: X quantized to q8_0 per block, int8 dot products (AVX2, AVX-512 VNNI)",
+        weights=("q8_0", "q4_0", "q4_K"),
+        summary="decode as llama.cpp does it: X quantized to q8_0 per block, int8 dot products (AVX2, AVX-512 VNNI);"
+        " past 16 rows (prefill) each panel of W runs every pass of X",
         backend=CDecodeBackend("matmul_decode_int8"),
         source="c/decode_int8.c",
         activation_rounding="q8_0",

@@ -1,4 +1,7 @@
-"""llama.cpp's own decode product, as a peer of the decode rows: ggml's CPU ``ggml_mul_mat``.
+"""llama.cpp's own decode product as ggml-python ships it, as a peer of the decode rows: ggml's
+CPU ``ggml_mul_mat``. An older ggml (0.15.3 in ggml-python 0.0.45) set up the simplest way: W
+in a plain buffer (no repack) and llamafile's sgemm off. Current llama.cpp as its users run it
+is ``llama.cpp.mul_mat`` (backends/llama_cpp.py); this row stays, labelled, for comparison.
 
 ``ggml.mul_mat`` is what llama.cpp runs for a Q4_0 or Q8_0 weight matrix on the CPU, through
 the ``ggml-python`` package (``pip install ggml-python``, or this project's ``ggml`` extra;
@@ -33,7 +36,8 @@ from functools import lru_cache
 import numpy as np
 
 from harness.backends.c import thread_option
-from harness.model.core import Backend, Implementation, MatmulInputError, Prepared
+from harness.backends.decode import decode_inputs
+from harness.model.core import Backend, Implementation, Prepared
 from harness.model.quant import QuantizedWeights
 from harness.model.registry import register
 
@@ -167,12 +171,7 @@ class GgmlBackend(Backend):
         return f"ggml {version} (ggml-python {ggml.__version__}), CPU" + (f" {simd[0].upper()}" if simd else "")
 
     def prepare(self, impl, a, b, options):
-        if not isinstance(b, QuantizedWeights) or b.format not in impl.weights:
-            got = b.format if isinstance(b, QuantizedWeights) else type(b).__name__
-            raise MatmulInputError(f"{impl.name} takes {' or '.join(impl.weights)} weights W [N, K], got {got}")
-        if a.dtype != np.float32 or a.ndim != 2 or a.shape[1] != b.k:
-            raise MatmulInputError(f"{impl.name} takes float32 X [M, {b.k}], got {a.dtype} {a.shape}")
-        x = np.require(a, np.float32, ["C_CONTIGUOUS", "ALIGNED"])
+        x, b = decode_inputs(impl, a, b)  # every decode row's checks: W's format, X's dtype, shape and values
         threads = thread_option(impl, options)
         check_round_trip(b)
         return _GgmlPrepared(x, b, threads)
@@ -185,7 +184,7 @@ register(
         device="cpu",
         dtypes=("float32",),
         weights=WEIGHTS,
-        summary="llama.cpp's ggml_mul_mat on the CPU: X rounded to Q8_0 blocks, int8 block dot products (a peer)",
+        summary="ggml-python's older ggml (0.15): ggml_mul_mat, plain buffer, no repack, no llamafile (a peer)",
         backend=GgmlBackend(),
         options={"threads": None},
         threaded=True,

@@ -441,9 +441,9 @@ register(
         language="triton",
         device="gpu",
         dtypes=("float32",),
-        weights=("q8_0", "q4_0", "bf16"),
-        summary="decode, Y = X W^T with W in q8_0 / q4_0 / bf16: blocks of W dequantized in registers, each applied to "
-        "M = 1..16 rows of X, FP32 accumulate",
+        weights=("q8_0", "q4_0", "q4_K", "bf16"),
+        summary="decode, Y = X W^T with W in q8_0 / q4_0 / q4_K / bf16: blocks of W dequantized in registers, each "
+        "applied to M = 1..16 rows of X, FP32 accumulate",
         backend=TritonDecodeBackend(),
         source="triton/decode.py",
         requires=("gpu", "torch", "triton"),

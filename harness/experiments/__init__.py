@@ -18,6 +18,7 @@ from harness.experiments import (
     gemv_bandwidth,
     loads,
     loop_orders,
+    prefill,
     roofline,
     tile_quantization,
     tile_sweep,
@@ -59,5 +60,6 @@ EXPERIMENTS = {
         gemv_bandwidth,
         blas_grid,
         decode,
+        prefill,
     )
 }

@@ -42,3 +42,11 @@ def shape_without_zeros(text: str) -> str:
     if 0 in shape:
         raise argparse.ArgumentTypeError(f"invalid shape {text!r}: every dimension must be 1 or more")
     return text
+
+
+def nk_shape(text: str) -> str:
+    """A weight matrix's shape NxK, both 1 or more, as "NxK" (decode's --batch-shape, prefill's --shape)."""
+    n, _, k = text.strip().lower().partition("x")
+    if not (n.isdigit() and k.isdigit() and int(n) >= 1 and int(k) >= 1):
+        raise argparse.ArgumentTypeError(f"invalid shape {text!r}: expected NxK, both 1 or more, e.g. 4096x14336")
+    return f"{int(n)}x{int(k)}"

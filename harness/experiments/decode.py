@@ -11,15 +11,22 @@ whose quantized weights exceed the last-level cache (8192 x 28672):
   on 1 and 2 threads: while memory-bound, time is proportional to bytes;
 - the down projection (4096 x 14336) at M = 1 to 64 on 2 threads: the batch reads the same
   weights, so time stays flat until the multiply-adds, not the bytes, set it (the roofline's
-  ridge).
+  ridge);
+- ours against current llama.cpp (both of its placements: repacked as its loader does, and
+  plain) and torch's int4 kernel, in q4_0, q8_0 and q4_K at M = 1, 4 and 16 on 1 and 2 threads,
+  at the first three shapes.
+
+Every CPU row reads W from DRAM, as a model's decode does (compare's ``weights_from="dram"``:
+each timed call multiplies the next of enough copies of W to exceed the last-level cache four
+times over); the memory roof is measured the same way, streaming 512 MiB.
 
 Every row is checked before it is timed (harness.compare with weights=...); the libraries a
-user would pick (NumPy, BLIS, torch for float32; ggml where installed) run beside ours.
+user would pick (NumPy, BLIS, torch for float32; llama.cpp and ggml where built) run beside ours.
 """
 
 from __future__ import annotations
 
-from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
+from harness.experiments.arguments import count_at_least, nk_shape, positive_seconds, shape_without_zeros
 from harness.experiments.common import pyplot, say, write
 from harness.model.inputs import parse_shape
 from harness.model.registry import REGISTRY
@@ -30,14 +37,18 @@ from harness.run.render import format_time, ratio_text
 NAME = "decode"
 TITLE = "Decode: GEMV time against bytes per weight and against the batch (quantized weights)"
 # said before it starts
-DURATION = "about 10 minutes on 2 cores (making and quantizing 940 MB weight matrices is a good part of it)"
+DURATION = "about 40 minutes on 2 cores (making, quantizing and copying weight matrices of up to 940 MB is much of it)"
 
 # MxNxK: M activation rows, W [N, K]
 SHAPES = ("1x4096x4096", "1x14336x4096", "1x4096x14336", "1x8192x28672")
-FORMATS = ("float32", "bf16", "q8_0", "q4_0")
+FORMATS = ("float32", "bf16", "q8_0", "q4_0", "q4_K")
 BATCH_SHAPE = "4096x14336"  # N x K of the down projection
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
-BYTES_PER_WEIGHT = {"float32": 4.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+BYTES_PER_WEIGHT = {"float32": 4.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_K": 144 / 256}
+# The sweep against llama.cpp: its formats, and batches from decode to a few rows.
+PEER_FORMATS = ("q4_0", "q8_0", "q4_K")
+PEER_BATCHES = (1, 4, 16)
+PEER_PREFIXES = ("llama.cpp.", "ggml.", "torch.int4")
 OURS = ("c.decode", "c.decode_int8", "c.packed")  # c.packed: the float32 GEMV the quantized ones are measured against
 
 
@@ -45,8 +56,15 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("--shapes", nargs="+", type=_decode_shape, default=list(SHAPES), help="M = 1 shapes, 1xNxK")
     parser.add_argument("--batches", nargs="+", type=count_at_least(1), default=list(BATCHES), help="batch sizes M")
-    parser.add_argument("--batch-shape", type=_batch_shape, default=BATCH_SHAPE, help="NxK of the batch sweep")
+    parser.add_argument("--batch-shape", type=nk_shape, default=BATCH_SHAPE, help="NxK of the batch sweep")
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="thread counts of the M = 1 sweep")
+    parser.add_argument(
+        "--peer-batches",
+        nargs="+",
+        type=count_at_least(1),
+        default=list(PEER_BATCHES),
+        help="batch sizes M of the sweep against llama.cpp (at the first three shapes)",
+    )
     parser.add_argument("--min-time", type=positive_seconds, default=0.2, help="seconds of timed runs per row")
 
 
@@ -59,18 +77,8 @@ def _decode_shape(text: str) -> str:
     return text
 
 
-def _batch_shape(text: str) -> str:
-    """--batch-shape: NxK, both 1 or more (the batch sweep's W [N, K])."""
-    import argparse
-
-    n, _, k = text.strip().lower().partition("x")
-    if not (n.isdigit() and k.isdigit() and int(n) >= 1 and int(k) >= 1):
-        raise argparse.ArgumentTypeError(f"invalid batch shape {text!r}: expected NxK, both 1 or more, e.g. 4096x14336")
-    return f"{int(n)}x{int(k)}"
-
-
 def _impls() -> list[str]:
-    return [name for name in (*OURS, *(n for n in REGISTRY if n.startswith("ggml."))) if name in REGISTRY]
+    return [name for name in (*OURS, *(n for n in REGISTRY if n.startswith(PEER_PREFIXES))) if name in REGISTRY]
 
 
 def _rows(results, sweep: str, threads: int) -> list[dict]:
@@ -83,7 +91,13 @@ def _rows(results, sweep: str, threads: int) -> list[dict]:
 
 
 def run(
-    out_dir, shapes=SHAPES, batches=BATCHES, batch_shape: str = BATCH_SHAPE, threads=(1, 2), min_time: float = 0.2
+    out_dir,
+    shapes=SHAPES,
+    batches=BATCHES,
+    batch_shape: str = BATCH_SHAPE,
+    threads=(1, 2),
+    min_time: float = 0.2,
+    peer_batches=PEER_BATCHES,
 ) -> dict:
     if any(parse_shape(s).m != 1 for s in shapes):
         raise ValueError(f"--shapes are M = 1 decode shapes (1xNxK), got {' '.join(shapes)}")
@@ -99,6 +113,13 @@ def run(
         [f"{m}x{n}x{k}" for m in batches], _impls(), weights=list(FORMATS), threads=batch_threads, min_time=min_time
     )
     rows += _rows(results, "batch", batch_threads)
+    peer_shapes = [f"{m}x{shape.split('x', 1)[1]}" for shape in shapes[:3] for m in peer_batches]
+    for count in threads:
+        say(f"  against llama.cpp, {count} thread(s): {', '.join(peer_shapes)} in {', '.join(PEER_FORMATS)}")
+        results = compare(
+            peer_shapes, _impls(), weights=list(PEER_FORMATS), threads=count, min_time=min_time, baselines=False
+        )
+        rows += _rows(results, "peers", count)
     roofs = {str(count): machine.memory_roof_gbps(count) for count in threads}
     peak = machine.cpu_peak_gflops("float32", cores=batch_threads)
     data = {
@@ -109,8 +130,18 @@ def run(
         "batch_shape": f"{n}x{k}",
         "formats": list(FORMATS),
         "bytes_per_weight": BYTES_PER_WEIGHT,
+        "peer_formats": list(PEER_FORMATS),
+        "weights_from": "dram",
+        "implementations": _descriptions(),
     }
     return write(out_dir, NAME, data, figure(data))
+
+
+def _descriptions() -> dict[str, str]:
+    """What each row ran (the llama.cpp build and its commit, the libraries' versions)."""
+    from harness.model.registry import describe
+
+    return {name: text for name in _impls() if (text := describe(REGISTRY[name]))}
 
 
 def _best(rows: list[dict], **match) -> dict | None:
@@ -126,32 +157,38 @@ def _ours(rows: list[dict], **match) -> dict | None:
 def figure(data: dict):
     plt = pyplot()
     rows = data["rows"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
+    peers = [r for r in rows if r["sweep"] == "peers"]
+    fig, axes = plt.subplots(1, 3 if peers else 2, figsize=(19 if peers else 13, 5.2))
+    left, right = axes[0], axes[1]
     threads = max(int(t) for t in data["memory_roof_gbps"])
     roof = data["memory_roof_gbps"].get(str(threads))
     for index, shape in enumerate(
         sorted({r["shape"] for r in rows if r["sweep"] == "bytes"}, key=lambda s: parse_shape(s).flops)
     ):
-        points = [
-            (BYTES_PER_WEIGHT[f], row["median_s"] * 1e3)
+        points = {
+            f: (BYTES_PER_WEIGHT[f], row["median_s"] * 1e3)
             for f in data["formats"]
             if (row := _ours(rows, sweep="bytes", shape=shape, weights=f, threads_asked=threads))
-        ]
+        }
         colour = plt.get_cmap("tab10")(index)
-        left.plot(*zip(*points), marker="o", color=colour, label=f"{shape[2:]} (N x K)") if points else None
+        line = [point for f, point in points.items() if f != "q4_K"]  # q4_K: as many bytes as q4_0, its own marker
+        left.plot(*zip(*line), marker="o", color=colour, label=f"{shape[2:]} (N x K)") if line else None
+        if "q4_K" in points:
+            left.plot(*points["q4_K"], marker="x", markersize=8, color=colour, linestyle="none")
         if roof:
             n, k = parse_shape(shape).n, parse_shape(shape).k
             bytes_ = [0.5, 4.0]
             left.plot(bytes_, [b * n * k / roof / 1e6 for b in bytes_], linestyle=":", color=colour, linewidth=0.8)
     left.set_xscale("log", base=2)
     left.set_yscale("log")
-    left.set_xticks(
-        [BYTES_PER_WEIGHT[f] for f in data["formats"]], [f"{f}\n{BYTES_PER_WEIGHT[f]:.3g} B" for f in data["formats"]]
-    )
+    ticks: dict[float, list[str]] = {}
+    for f in data["formats"]:
+        ticks.setdefault(BYTES_PER_WEIGHT[f], []).append(f)
+    left.set_xticks(list(ticks), [f"{' / '.join(names)}\n{at:.3g} B" for at, names in ticks.items()])
     left.set_xlabel("bytes per weight")
     left.set_ylabel("ms per product (ours: best of c.decode, c.decode_int8; float32: c.packed)")
     left.set_title(
-        f"M = 1, {threads} thread(s): time against bytes (dotted: bytes / memory roof"
+        f"M = 1, {threads} thread(s): time against bytes (x: q4_K; dotted: bytes / memory roof"
         + (f", {roof:.0f} GB/s)" if roof else ")"),
         fontsize=9,
     )
@@ -185,8 +222,55 @@ def figure(data: dict):
     right.set_title(f"batched decode, W {n} x {k}, {data['batch_threads']} thread(s)", fontsize=9)
     right.grid(True, which="both", alpha=0.3)
     right.legend(fontsize=7)
+    if peers:
+        _peer_panel(axes[2], peers, data, plt)
     fig.tight_layout()
     return fig
+
+
+def _peer_panel(axis, peers: list[dict], data: dict, plt) -> None:
+    """Ours against llama.cpp's faster placement: the speed ratio against M, one line per format
+    and thread count, the geometric mean over the shapes."""
+    import math
+
+    batches = sorted({r["m"] for r in peers})
+    for index, fmt in enumerate(data.get("peer_formats", [])):
+        for threads, style in zip(sorted({r["threads_asked"] for r in peers}), ("-", "--", ":")):
+            points = []
+            for m in batches:
+                ratios = [
+                    ratio
+                    for shape in {r["shape"] for r in peers if r["m"] == m}
+                    if (ratio := _ratio(*_pair(peers, shape=shape, threads_asked=threads, weights=fmt)))
+                ]
+                if ratios:
+                    points.append((m, math.exp(sum(map(math.log, ratios)) / len(ratios))))
+            if points:
+                axis.plot(
+                    *zip(*points),
+                    marker="o",
+                    linestyle=style,
+                    color=plt.get_cmap("tab10")(index),
+                    label=f"{fmt}, {threads} thread(s)",
+                )
+    axis.axhline(1.0, color="gray", linewidth=0.8)
+    axis.axhline(1.2, color="gray", linewidth=0.8, linestyle=":")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log", base=2)
+    low, high = axis.get_ylim()
+    ticks = [t for t in (0.25, 0.5, 0.67, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0) if low <= t <= high]
+    axis.set_yticks(ticks, [f"{t:g}x" for t in ticks])
+    axis.minorticks_off()
+    axis.set_xticks(batches, [str(m) for m in batches])
+    axis.set_xlabel("batch M")
+    axis.set_ylabel("ours vs llama.cpp (speed ratio; above 1: ours faster)")
+    axis.set_title("against current llama.cpp, W from DRAM (geometric mean over shapes)", fontsize=9)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=7)
+
+
+def _pair(rows: list[dict], **match) -> tuple[dict | None, dict | None]:
+    return _ours(rows, **match), _llama_cpp(rows, **match)
 
 
 def _ratio(a: dict | None, b: dict | None) -> float | None:
@@ -225,25 +309,71 @@ def summarize(data: dict) -> str:
             f"| {row['shape']} | {row['threads_asked']} | {row.get('weights')} | `{row['implementation']}` | "
             f"{format_time(row['median_s'])} | {row.get('gbytes_per_s', 0):.1f} | {memory} | {versus} |"
         )
-    lines += ["", *(f"- {line}" for line in findings(data))]
+    lines += ["", *peer_table(data), "", *(f"- {line}" for line in findings(data))]
     return "\n".join(lines)
 
 
+def _llama_cpp(rows: list[dict], **match) -> dict | None:
+    return _best([r for r in rows if r["implementation"].startswith("llama.cpp.")], **match)
+
+
+def peer_table(data: dict) -> list[str]:
+    """Ours against current llama.cpp (the faster of its two placements, its kernel path named)
+    and torch's int4 kernel, weights from DRAM."""
+    rows = [r for r in data["rows"] if r["sweep"] == "peers"]
+    if not rows:
+        return []
+    lines = [
+        "Against current llama.cpp (the faster of `llama.cpp.mul_mat` and `llama.cpp.mul_mat_plain`), weights "
+        "from DRAM:",
+        "",
+        "| shape (MxNxK) | threads | weights | ours | time | llama.cpp | its path | time | ours vs llama.cpp "
+        "| torch.int4 |",
+        "|---|---:|---|---|---:|---|---|---:|---:|---:|",
+    ]
+    keys = sorted(
+        {(r["shape"], r["threads_asked"], r["weights"]) for r in rows},
+        key=lambda key: (parse_shape(key[0]).n * parse_shape(key[0]).k, key[1], key[2], parse_shape(key[0]).m),
+    )
+    for shape, threads, fmt in keys:
+        match = {"shape": shape, "threads_asked": threads, "weights": fmt}
+        ours, peer = _ours(rows, **match), _llama_cpp(rows, **match)
+        torch_int4 = _best([r for r in rows if r["implementation"] == "torch.int4"], **match)
+        if not ours:
+            continue
+        lines.append(
+            f"| {shape} | {threads} | {fmt} | `{ours['implementation']}` | {format_time(ours['median_s'])} | "
+            + (
+                f"`{peer['implementation']}` | {peer.get('path') or ''} | {format_time(peer['median_s'])} | "
+                f"{ratio_text(_ratio(ours, peer))} | "
+                if peer
+                else "| | | | "
+            )
+            + (f"{format_time(torch_int4['median_s'])} |" if torch_int4 else " |")
+        )
+    return lines
+
+
 def findings(data: dict) -> list[str]:
+    """At most eight lines: one per question the sweeps answer, each a range over shapes and threads."""
     rows = data["rows"]
     out = []
     threads = max(int(t) for t in data["memory_roof_gbps"])
-    shapes = sorted({r["shape"] for r in rows if r["sweep"] == "bytes"}, key=lambda s: parse_shape(s).flops)
-    for shape in shapes:
+    speedups, roof_pcts = [], []
+    for shape in {r["shape"] for r in rows if r["sweep"] == "bytes"}:
         f32 = _ours(rows, sweep="bytes", shape=shape, weights="float32", threads_asked=threads)
         q4 = _ours(rows, sweep="bytes", shape=shape, weights="q4_0", threads_asked=threads)
-        if f32 and q4:
-            bound = "memory" if (q4.get("memory_pct") or 0) >= 70 else "the unpacking arithmetic, not memory"
-            out.append(
-                f"{shape}, {threads} thread(s): q4_0 runs at {ratio_text(_ratio(q4, f32))} the speed of "
-                f"float32 for {4 / BYTES_PER_WEIGHT['q4_0']:.1f}x fewer bytes, at "
-                f"{q4.get('memory_pct', 0):.0f}% of the memory roof: bound by {bound}"
-            )
+        if f32 and q4 and _ratio(q4, f32):
+            speedups.append((_ratio(q4, f32), shape))
+            roof_pcts.append(q4.get("memory_pct") or 0)
+    if speedups:
+        (low, at_low), (high, at_high) = min(speedups), max(speedups)
+        bound = "memory" if min(roof_pcts) >= 70 else "the unpacking arithmetic, not memory"
+        out.append(
+            f"M = 1, {threads} thread(s): q4_0 runs at {ratio_text(low)} ({at_low}) to {ratio_text(high)} "
+            f"({at_high}) the speed of float32 for {4 / BYTES_PER_WEIGHT['q4_0']:.1f}x fewer bytes, at "
+            f"{min(roof_pcts):.0f}-{max(roof_pcts):.0f}% of the memory roof: bound by {bound}"
+        )
     for fmt in ("q4_0", "q8_0", "float32"):
         ratios = []
         for row in rows:
@@ -263,15 +393,37 @@ def findings(data: dict) -> list[str]:
         if ratios:
             low, high = min(ratios), max(ratios)
             out.append(
-                f"{fmt}: ours against the best peer (same shape and threads): {ratio_text(low[0])} "
+                f"M = 1, {fmt}: ours against the best peer (same shape and threads): {ratio_text(low[0])} "
                 f"({low[1]}, {low[2]} thread(s)) to {ratio_text(high[0])} ({high[1]}, {high[2]} thread(s))"
             )
+    peers = [r for r in rows if r["sweep"] == "peers"]
+    for fmt in data.get("peer_formats", []):
+        per_threads = []
+        for threads_asked in sorted({r["threads_asked"] for r in peers}):
+            ratios = []
+            for shape in sorted({r["shape"] for r in peers}):
+                match = {"shape": shape, "threads_asked": threads_asked, "weights": fmt}
+                ratio = _ratio(_ours(peers, **match), _llama_cpp(peers, **match))
+                if ratio:
+                    ratios.append((ratio, shape))
+            if ratios:
+                (low, at_low), (high, at_high) = min(ratios), max(ratios)
+                per_threads.append(
+                    f"{threads_asked} thread(s) {ratio_text(low)} ({at_low}) to {ratio_text(high)} ({at_high})"
+                )
+        if per_threads:
+            out.append(f"{fmt}, weights from DRAM: ours against llama.cpp: {'; '.join(per_threads)}")
     batch = sorted({r["m"] for r in rows if r["sweep"] == "batch"})
+    ridges = []
     for fmt in data["formats"]:
         times = {m: row["median_s"] for m in batch if (row := _ours(rows, sweep="batch", m=m, weights=fmt))}
         if 1 in times and len(times) > 1:
             ridge = next((m for m in sorted(times) if times[m] > 1.3 * times[1]), None)
-            growth = ", ".join(f"M={m} {times[m] / times[1]:.2f}x" for m in sorted(times) if m > 1)
-            turn = f"compute starts to set the time at M = {ridge}" if ridge else "still memory-bound at the largest M"
-            out.append(f"batch, {fmt}: time against M = 1: {growth}; {turn}")
+            largest = max(times)
+            ridges.append(f"{fmt} at M = {ridge}" if ridge else f"{fmt} not by M = {largest}")
+    if ridges:
+        out.append(
+            "batch: the batch's multiply-adds, not the bytes, start to set the time (30% over M = 1): "
+            + ", ".join(ridges)
+        )
     return out

@@ -44,7 +44,11 @@ from __future__ import annotations
 
 import numpy as np
 
-ROUNDINGS = ("q8_0", "bf16")
+ROUNDINGS = ("q8_0", "q8_K", "bf16")
+INTEGER_ROUNDINGS = ("q8_0", "q8_K")  # X in int8: the kernel multiplies bytes (the int8 roof is its peak)
+# "q8_K": llama.cpp's activations for its k-quant weights (Q4_K): blocks of 256, d = max / -127
+# kept in float32 (d = 1 / (-127 / max), two float32 roundings), q = round(x / d). The same model
+# as q8_0 with 256-wide blocks and delta = the float32 scale's rounding.
 # "bf16": a kernel that takes X in bfloat16, its weights' block scales in bfloat16 and gives its
 # sums in bfloat16 (torch's int4 weight-only kernel, backends/torch_int4.py). Each rounding is
 # at most u = 2^-8 relative (8 significant bits). X's roundings are independent per element and
@@ -55,6 +59,7 @@ ROUNDINGS = ("q8_0", "bf16")
 # beyond what these allow.
 BF16_UNIT = 2.0**-8
 BLOCK = 32
+BLOCKS = {"q8_0": BLOCK, "q8_K": 256}
 SIGMA_SAFETY = 8.0
 # Blocks' partial products are formed this many (M x N x blocks) elements at a time.
 _CHUNK_ELEMENTS = 1 << 22
@@ -78,6 +83,21 @@ def q8_0_scales(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d.astype(np.float64), d16.astype(np.float64)
 
 
+def q8_k_scales(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(max|x_block| / 127, the scale ggml stores) of X's Q8_K blocks as float64 [M, K / 256]:
+    ggml keeps d = 1 / (-127 / max) in float32, the block's value of largest magnitude ``max``."""
+    x32 = np.asarray(x, dtype=np.float32)
+    m, k = x32.shape
+    blocks = x32.reshape(m, k // 256, 256)
+    index = np.abs(blocks).argmax(axis=-1)[..., None]
+    signed_max = np.take_along_axis(blocks, index, axis=-1)[..., 0]
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inverse = np.float32(-127) / signed_max
+        stored = np.where(signed_max == 0, np.float32(0), np.abs(np.float32(1) / inverse))
+    exact = np.abs(signed_max.astype(np.float64)) / 127
+    return exact, stored.astype(np.float64)
+
+
 def extra_allowed(a, b, rounding: str = "q8_0") -> np.ndarray:
     """The error allowed on top of the float32 model, per element of C = A @ B [M, N], for a
     kernel that rounds A (the activations X [M, K]) as ``rounding`` before multiplying by B
@@ -86,8 +106,9 @@ def extra_allowed(a, b, rounding: str = "q8_0") -> np.ndarray:
     a64 = np.asarray(a, dtype=np.float64)
     b64 = np.asarray(b, dtype=np.float64)
     (m, k), n = a64.shape, b64.shape[1]
-    if k % BLOCK:
-        raise ValueError(f"{rounding} activation rounding needs K to be a multiple of {BLOCK}, got K = {k}")
+    block = BLOCKS.get(rounding, BLOCK)
+    if k % block:
+        raise ValueError(f"{rounding} activation rounding needs K to be a multiple of {block}, got K = {k}")
     if 0 in (m, n, k):
         return np.zeros((m, n))
     if rounding == "bf16":
@@ -95,19 +116,19 @@ def extra_allowed(a, b, rounding: str = "q8_0") -> np.ndarray:
         x_rounding = SIGMA_SAFETY * sd * np.sqrt((a64 * a64) @ (b64 * b64))
         scale_rounding = SIGMA_SAFETY * sd * np.sqrt(_block_partial_squares(a64, b64))
         return x_rounding + scale_rounding + BF16_UNIT * np.abs(a64 @ b64)
-    d, d16 = q8_0_scales(a)
+    d, d16 = q8_0_scales(a) if rounding == "q8_0" else q8_k_scales(a)
     # Where max|x_block| is beyond 127 * 65504 the scale overflows float16 and the kernel's
     # products are infinite or NaN: no allowance is made for that (such a row fails its check).
     delta = np.where(np.isfinite(d16), np.abs(d16 - d), 0.0)
     abs_b = np.abs(b64)
-    per_k = lambda blocks: np.repeat(blocks, BLOCK, axis=1)  # noqa: E731 - [M, K/32] to [M, K]
+    per_k = lambda blocks: np.repeat(blocks, block, axis=1)  # noqa: E731 - [M, K/block] to [M, K]
 
     with np.errstate(over="ignore", invalid="ignore"):
         sigma = np.sqrt(per_k(d * d / 12.0) @ (b64 * b64))
         worst = per_k(d / 2.0) @ abs_b
         grid = np.minimum(SIGMA_SAFETY * sigma, worst)
         ratio = np.where(d > 0, delta / np.where(d > 0, d, 1.0), 0.0)  # |delta_b / d_b|, [M, K/32]
-        scale = per_k(delta / 2.0) @ abs_b + _scaled_block_partials(a64, b64, ratio)
+        scale = per_k(delta / 2.0) @ abs_b + _scaled_block_partials(a64, b64, ratio, block)
     return grid + scale
 
 
@@ -125,12 +146,12 @@ def _block_partial_squares(a64: np.ndarray, b64: np.ndarray) -> np.ndarray:
     return out
 
 
-def _scaled_block_partials(a64: np.ndarray, b64: np.ndarray, ratio: np.ndarray) -> np.ndarray:
+def _scaled_block_partials(a64: np.ndarray, b64: np.ndarray, ratio: np.ndarray, block: int = BLOCK) -> np.ndarray:
     """sum_b ratio[m, b] * |P[m, n, b]|, P[m, n, b] = sum over block b of a_mk b_kn."""
     (m, k), n = a64.shape, b64.shape[1]
-    blocks = k // BLOCK
-    a_blocks = a64.reshape(m, blocks, BLOCK).transpose(1, 0, 2)  # [blocks, M, 32]
-    b_blocks = b64.reshape(blocks, BLOCK, n)  # [blocks, 32, N]
+    blocks = k // block
+    a_blocks = a64.reshape(m, blocks, block).transpose(1, 0, 2)  # [blocks, M, block]
+    b_blocks = b64.reshape(blocks, block, n)  # [blocks, block, N]
     out = np.zeros((m, n))
     step = max(1, _CHUNK_ELEMENTS // max(1, m * blocks))
     for start in range(0, n, step):

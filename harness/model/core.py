@@ -39,6 +39,7 @@ class Prepared:
 
     mode = "native"  # or "emulated" / "interpreted": a CPU stand-in for GPU code, checked and never timed
     loader = None  # what loaded a compiled GPU kernel (pycuda, cupy, emulation), for the row
+    path = None  # the kernel path a library picked for this problem ("q4_0_8x8 repack"), for the row
 
     def run(self) -> None:
         """The multiplication, and nothing else (GPU work synchronised before it returns)."""
@@ -121,9 +122,9 @@ class Implementation:
     baseline: bool = False  # the library baseline for its device
     peer: bool = False  # a library a user would pick instead: shown beside the baseline
     threaded: bool = False  # accepts a `threads` option
-    activation_rounding: str | None = None  # "q8_0": rounds X to Q8_0 blocks before multiplying (ggml's CPU
-    # mat-vec); checked with the extra error that implies
-    # (activation_error.py), on top of the float32 model
+    activation_rounding: str | Mapping[str, str] | None = None  # "q8_0": rounds X to Q8_0 blocks before
+    # multiplying (ggml's CPU mat-vec); checked with the extra error that implies (activation_error.py), on top of
+    # the float32 model. A mapping names the rounding per weight format ({"q4_0": "q8_0", "q4_K": "q8_K"}).
 
     def __post_init__(self):
         if not isinstance(self.backend, Backend):
@@ -131,6 +132,13 @@ class Implementation:
                 f"{self.name}: backend must be a harness.Backend (subclass it and define unavailable_reason and "
                 f"prepare), got {type(self.backend).__name__}"
             )
+
+    def rounding_for(self, weights: str | None) -> str | None:
+        """How this implementation rounds X before multiplying weights in format ``weights``."""
+        rounding = self.activation_rounding
+        if isinstance(rounding, Mapping):
+            return rounding.get(weights)
+        return rounding
 
     def unavailable_reason(self) -> str | None:
         return self.availability()[0]

@@ -10,6 +10,7 @@ The rows and their files are results.py's; the table is render.py's, the plot pl
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from contextlib import closing, nullcontext
@@ -22,6 +23,7 @@ from harness.backends.external import add_external, external_recipe, is_external
 from harness.backends.gpu import DeviceProblem
 from harness.env.cores import usable_cores
 from harness.model import quant
+from harness.model.activation_error import INTEGER_ROUNDINGS
 from harness.model.checking import Reference, check, reference_data
 from harness.model.core import (
     InputGuard,
@@ -47,6 +49,29 @@ from harness.run.isolation import (
 from harness.run.results import Results, Row, fill_speedups
 
 __all__ = ["Results", "Row", "compare", "blas_limits", "reference_for"]
+
+# Decode reads each weight matrix from DRAM once per token. Timing one W over and over reads it
+# from cache wherever it fits (25 MB of q4_0 in a 32 MB L3 streamed at 70-80 GB/s on two cores,
+# beyond what DRAM gives them), so a timed decode row rotates through enough copies of W that
+# they add up to this much: four times the last-level cache, and no less than 256 MiB (the
+# CPU's analogue of the GPU rows' L2 flush). The memory roof is read from 512 MiB the same way.
+WEIGHTS_FROM = ("dram", "cache")
+MIN_WEIGHT_ARENA_BYTES = 256 * 2**20
+# More copies than this and W is too small for DRAM to matter (under 8 MiB at the minimum
+# arena): such a row repeats one W, and says "cache".
+MAX_WEIGHT_COPIES = 32
+
+
+def weight_arena_bytes() -> int:
+    return max(MIN_WEIGHT_ARENA_BYTES, 4 * machine.last_level_cache_bytes())
+
+
+def weight_rotation(w_bytes: int) -> tuple[int, str]:
+    """(copies, where W is read from) for a DRAM-timed row whose W has ``w_bytes``: enough
+    copies to fill the arena ("dram"; one where W alone fills it), or one copy ("cache") when
+    that would take more than MAX_WEIGHT_COPIES."""
+    needed = max(1, math.ceil(weight_arena_bytes() / max(1, w_bytes)))
+    return (needed, "dram") if needed <= MAX_WEIGHT_COPIES else (1, "cache")
 
 
 def blas_limits(threads: int | None):
@@ -114,6 +139,7 @@ def compare(
     weights: Sequence[str] | str | None = None,
     isolate: str = "user",
     timeout: float | None = None,
+    weights_from: str = "dram",
 ) -> Results:
     """Check and time ``impls`` (names, glob patterns, or your own as ``FILE:FUNCTION``) on every
     shape and dtype.
@@ -127,7 +153,10 @@ def compare(
     problem: float32 activations X [M, K] times weights W [N, K] stored in each format,
     quantized once per problem outside the timed region; "float32" is the plain product, which
     the baseline and the peers run (it is added when baselines are). Without ``impls``, the
-    implementations are those that take quantized weights.
+    implementations are those that take quantized weights. ``weights_from``: "dram" (the
+    default) times each CPU row of a decode problem over copies of W that add up to four times
+    the last-level cache or more, so every call reads W from memory, as a model's decode does;
+    "cache" repeats one W. Each row says which it got (``Row.weights_from``).
 
     ``isolate``: "user" (the default) checks and times your own kernels (``FILE:FUNCTION``) in
     a worker process each (isolation.py), where a crash or a hang is a row, not the end of the
@@ -135,6 +164,8 @@ def compare(
     bounds each call of an isolated row; by default the bound grows with the problem's FLOPs
     (``isolation.automatic_limit_s``).
     """
+    if weights_from not in WEIGHTS_FROM:
+        raise ValueError(f"weights_from must be one of {', '.join(WEIGHTS_FROM)}, got {weights_from!r}")
     if isolate not in ISOLATE_CHOICES:
         raise ValueError(f"isolate must be one of {', '.join(ISOLATE_CHOICES)}, got {isolate!r}")
     if timeout is not None and (
@@ -201,6 +232,7 @@ def compare(
                     options.get(impl.name, {}),
                     workers if isolated else None,
                     timeout,
+                    weights_from,
                 )
             )
             if bar:
@@ -210,7 +242,7 @@ def compare(
     if timeout is not None:
         settings["timeout_s"] = timeout
     if formats:
-        settings["weights"] = formats
+        settings.update(weights=formats, weights_from=weights_from, weight_arena_bytes=weight_arena_bytes())
     info = machine.machine_info()
     described = {impl.name: describe(impl) for impl in chosen}
     info["implementations"] = {name: text for name, text in described.items() if text}
@@ -331,6 +363,19 @@ class _Problem:
             self._guard = InputGuard(a, b.data if self.quantized else b)
         return written
 
+    def weight_copies(self, count: int) -> list:
+        """``count`` more (X, W) pairs whose W is a copy of this problem's in memory of its own
+        (bit for bit the same weights; X is shared: in a model it is small and in cache)."""
+        a, b = self.inputs
+        if self.quantized:
+            return [(a, quant.QuantizedWeights(b.format, b.n, b.k, b.data.copy())) for _ in range(count)]
+        copies = []
+        for _ in range(count):
+            copy = b.copy()
+            copy.flags.writeable = False
+            copies.append((a, copy))
+        return copies
+
     def check(self, result: np.ndarray, activation_rounding: str | None = None):
         """The check of ``result`` against the float64 reference: on the GPU when GPU
         implementations are compared, a GPU is here and the problem is big (the host's float64
@@ -348,30 +393,36 @@ class _InProcess:
     def __init__(self, impl, options: dict, allow_slow, problem: _Problem):
         self.matmul = Matmul(impl, allow_slow=allow_slow, **options)
         self.problem = problem
-        self.prepared = self.loader = None
+        self.prepared = self.loader = self.path = None
 
     def prepare(self, a, b, limit_s) -> str:
         self.prepared = self.matmul.prepare(a, b)
-        self.loader = self.prepared.loader
+        self.loader, self.path = self.prepared.loader, self.prepared.path
         return self.prepared.mode
 
     def run(self, limit_s) -> np.ndarray:
         self.prepared.run()
         return self.prepared.result()
 
-    def time(self, min_time: float, settle_s: float, limit_s) -> Timing:
+    def time(self, min_time: float, settle_s: float, limit_s, copies: int = 1) -> Timing:
+        """The timing; with ``copies`` > 1, each call multiplies the next of that many copies
+        of W (prepared here, untimed), so W is read from DRAM rather than cache."""
         # GPU adapters time themselves (CUDA events, L2 flushed); the rest use perf_counter.
         timing = self.prepared.time(min_time)
         if timing is not None:
             return timing
+        rotation = [self.prepared] + [self.matmul.prepare(a, b) for a, b in self.problem.weight_copies(copies - 1)]
+        calls = itertools.cycle([prepared.run for prepared in rotation])
         time.sleep(settle_s)
-        return time_cpu(self.prepared.run, min_time=min_time)
+        return time_cpu(lambda: next(calls)(), min_time=min_time)
 
     def written(self) -> list[str]:
         return self.problem.written()
 
 
-def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_options, workers, timeout) -> Row:
+def _measure(
+    impl, problem: _Problem, threads, min_time, allow_slow, impl_options, workers, timeout, weights_from="dram"
+) -> Row:
     """One row: refuse what ``impl`` cannot take, check it, then time it; in a worker process
     (``workers``, a WorkerPool) or, when that is None, here."""
     shape, dtype = problem.shape, problem.dtype
@@ -408,6 +459,7 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
             a, b = problem.row_inputs()
             row.mode = runner.prepare(a, b, limit_s)
             row.loader = getattr(runner, "loader", None)
+            row.path = getattr(runner, "path", None)
             started = time.perf_counter()
             result = runner.run(limit_s)
             one_call_s = time.perf_counter() - started
@@ -415,7 +467,7 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
             if written:
                 row.status = f"FAILED: {wrote_inputs_message(impl.name, written)}"
                 return row
-            outcome = problem.check(result, impl.activation_rounding)  # ggml's int8 activations: its model
+            outcome = problem.check(result, impl.rounding_for(problem.weights))  # ggml's int8 activations: its model
             row.max_abs_error = outcome.max_abs_error
             if not outcome.passed:
                 row.status = f"FAILED: {outcome.message}"
@@ -425,7 +477,13 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
             # without the pause, c.packed's 2-thread GEMV at 1x8192x28672, timed after
             # torch's int4 kernel, took 51-58 ms with a spread of 60% (21 ms on its own)
             settle_s = SETTLE_SECONDS if (row.threads or 1) > 1 else 0.0
-            timing = runner.time(min_time, settle_s, limit_s + timing_allowance_s(min_time, one_call_s))
+            budget_s = limit_s + timing_allowance_s(min_time, one_call_s)
+            if problem.weights and impl.device == "cpu" and not workers:
+                rotation = weight_rotation(problem.inputs[1].nbytes) if weights_from == "dram" else (1, "cache")
+                row.weight_copies, row.weights_from = rotation
+                timing = runner.time(min_time, settle_s, budget_s, rotation[0])
+            else:
+                timing = runner.time(min_time, settle_s, budget_s)
             written = runner.written()  # a write while timed changes what the next row multiplies
             if written:
                 row.status = f"FAILED: {wrote_inputs_message(impl.name, written)} while it was timed"
@@ -463,11 +521,16 @@ def _measure(impl, problem: _Problem, threads, min_time, allow_slow, impl_option
     if problem.weights and impl.device == "cpu":
         roof = machine.memory_roof_gbps(row.threads or 1)
         row.memory_pct = 100.0 * row.gbytes_per_s / roof if roof else None
-    if impl.device == "cpu":
+    peak_of = dtype
+    if impl.device == "cpu" and problem.weights and impl.rounding_for(row.weights) in INTEGER_ROUNDINGS:
+        peak_of = "int8"  # X rounded to bytes: the multiply-adds are int8 ones (one per weight per row)
+        peak = machine.cpu_int8_peak_gops(cores=row.threads or 1)
+    elif impl.device == "cpu":
         peak = machine.cpu_peak_gflops(dtype, cores=row.threads or 1)
     else:
         peak = impl.backend.peak_gflops(impl, dtype)
     row.peak_pct = 100.0 * row.gflops / peak if peak else None
+    row.peak_of = peak_of if peak else None
     return row
 
 

@@ -7,6 +7,7 @@ import platform
 import sys
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 
 from harness.backends.c import clib
 from harness.env import files
@@ -44,8 +45,13 @@ def _cpuinfo() -> dict[str, str]:
 
 @lru_cache(maxsize=None)
 def cpu_model() -> str:
+    """The CPU's name, with its x86 family and model where the name alone does not tell one
+    generation from the next (a virtual machine may say only "AMD EPYC" for Zen 2 to Zen 5)."""
     info = _cpuinfo()
-    return info.get("model name") or info.get("Hardware") or platform.processor() or platform.machine()
+    name = info.get("model name") or info.get("Hardware") or platform.processor() or platform.machine()
+    if info.get("cpu family") and info.get("model"):
+        name += f" (family {info['cpu family']}, model {info['model']})"
+    return name
 
 
 @lru_cache(maxsize=None)
@@ -149,7 +155,7 @@ def _machine_key() -> str:
 # What no single core reaches, by far (the widest today: about 300 FP32 GFLOP/s, 50 GB/s
 # streamed): a kept roof beyond it is a damaged cache, not a measurement, and would make
 # every "% peak" read 0%.
-ROOF_LIMITS = {"float32": 10_000.0, "float64": 10_000.0, "read_gbps": 1_000.0}
+ROOF_LIMITS = {"float32": 10_000.0, "float64": 10_000.0, "int8_gops": 40_000.0, "read_gbps": 1_000.0}
 
 
 # A kept roof must also be one this machine can reach: an FMA roof of one core is at most its
@@ -179,12 +185,14 @@ def _max_clock_ghz() -> float | None:
 
 def roof_bound(kind: str) -> float | None:
     """The most this machine's clock and instruction set allow for a kind of roof (float32,
-    float64: one core's GFLOP/s; read_gbps, read_gbps_<N>_threads: GB/s), or None when the
-    clock is not known."""
+    float64: one core's GFLOP/s; int8_gops: one core's GOP/s; read_gbps, read_gbps_<N>_threads:
+    GB/s), or None when the clock is not known."""
     clock = _max_clock_ghz()
     threads = _read_threads(kind)
-    if clock is None or (kind not in ("float32", "float64") and threads is None):
+    if clock is None or (kind not in ("float32", "float64", "int8_gops") and threads is None):
         return None
+    if kind == "int8_gops":  # a byte product per SIMD byte, a multiply-add two ops, on as many pipes as FMAs
+        return BOUND_MARGIN * clock * (simd_bits() // 8) * 2 * FMA_UNITS_PER_CORE
     if threads is None:
         lanes = simd_bits() // (32 if kind == "float32" else 64)
         return BOUND_MARGIN * clock * lanes * 2 * FMA_UNITS_PER_CORE
@@ -287,6 +295,28 @@ def remember_roofs(key: str, measured: dict, bounds: dict | None = None) -> dict
     return best
 
 
+# Where the system does not say (not Linux, no sysfs): a last-level cache as large as any
+# current server CPU's per-die L3, so that a DRAM-timed row errs towards more copies of W.
+FALLBACK_LAST_LEVEL_CACHE_BYTES = 96 * 2**20
+
+
+@lru_cache(maxsize=None)
+def last_level_cache_bytes() -> int:
+    """The size of the last-level (highest) cache of CPU 0, in bytes, from sysfs."""
+    best_level, best_size = -1, 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit() and level > best_level:
+            best_level, best_size = level, int(digits) * scale
+    return best_size or FALLBACK_LAST_LEVEL_CACHE_BYTES
+
+
 def memory_read_gbps() -> float | None:
     """One core's measured streaming-read bandwidth (the best kept per machine), or None."""
     roofs = measured_fma_roofs()
@@ -315,6 +345,31 @@ def memory_roof_gbps(threads: int = 1) -> float | None:
     if not _plausible_roof(kind, entry):
         return None
     return remember_roofs(_machine_key(), {kind: entry}, {kind: roof_bound(kind)})[kind]["best"]
+
+
+@lru_cache(maxsize=None)
+def measured_int8_roof() -> dict | None:
+    """One core's int8 roof, {"best": GOP/s, "median": ...}: int8 multiply-adds (two ops each)
+    with the instruction the int8 kernels use on it (AVX-512 VNNI's vpdpbusd, else AVX2's
+    vpmaddubsw; c/cpu_roofs.c), kept per machine as the FMA roofs are; None where it cannot be
+    measured. What the kernels that multiply bytes (c.decode_int8, llama.cpp) are scored
+    against at prefill sizes, where the multiply-adds, not W's bytes, set the time."""
+    try:
+        ffi, lib = clib.load()
+        measure = lib.matmul_measure_int8_gops
+    except Exception:
+        return None
+    median = ffi.new("double *")
+    entry = {"best": round(float(measure(ROOF_TRIALS, median)), 2), "median": round(float(median[0]), 2)}
+    if not _plausible_roof("int8_gops", entry):
+        return None
+    return remember_roofs(_machine_key(), {"int8_gops": entry}, {"int8_gops": roof_bound("int8_gops")})["int8_gops"]
+
+
+def cpu_int8_peak_gops(cores: int = 1) -> float | None:
+    """The int8 roof of ``cores`` cores (one core's, measured, times ``cores``), or None."""
+    roof = measured_int8_roof()
+    return roof["best"] * cores if roof else None
 
 
 def _roof_cache_path():
@@ -434,5 +489,13 @@ def machine_info(measure_clock: bool = True) -> dict:
         else:
             info["cpu_peak_basis"] = (
                 f"measured clock x {simd_bits()}-bit SIMD x FMA (2 FLOPs) x {FMA_UNITS_PER_CORE} FMA units"
+            )
+        int8 = measured_int8_roof()
+        if int8:
+            info["cpu_int8_roof_gops_per_core"] = int8
+            info["cpu_int8_roof_basis"] = (
+                "one core's int8 multiply-adds (2 ops each) with vpdpbusd (AVX-512 VNNI) or vpmaddubsw (AVX2), best "
+                f"of {ROOF_TRIALS} trials (median beside it), kept per machine: the peak of the rows that round X to "
+                "8 bits"
             )
     return info

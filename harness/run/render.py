@@ -14,6 +14,8 @@ import shutil
 import textwrap
 from typing import TYPE_CHECKING
 
+from harness.model.inputs import parse_shape
+
 if TYPE_CHECKING:
     from harness.run.results import Results, Row
 
@@ -96,6 +98,41 @@ def not_run(results: "Results") -> list[str]:
     return [f"{', '.join(names)}: {reason}" for reason, names in grouped.items()]
 
 
+def weights_from_notes(results: "Results") -> list[str]:
+    """Where the timed decode rows read their weights from (compare's ``weights_from``)."""
+    timed = [row for row in results.ran() if row.weights_from]
+    dram = [row for row in timed if row.weights_from == "dram"]
+    warm = sorted({f"{row.shape} {row.weights}" for row in timed if row.weights_from == "cache"})
+    arena = results.settings.get("weight_arena_bytes")
+    notes = []
+    if dram:
+        counts = sorted({row.weight_copies for row in dram})
+        copies = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        notes.append(
+            f"CPU decode rows read W from DRAM: each timed call multiplied the next of {copies} copies of W"
+            + (f" ({arena / 2**20:.0f} MiB or more in all)" if arena else "")
+        )
+    if warm:
+        reason = "weights_from='cache'" if results.settings.get("weights_from") == "cache" else "W too small to rotate"
+        notes.append(f"W read from cache (one W, repeated; {reason}): {', '.join(warm)}")
+    return notes
+
+
+def path_notes(results: "Results") -> list[str]:
+    """The kernel paths a library picked per problem (llama.cpp: repack, tinyBLAS, vec_dot)."""
+    by_impl: dict[str, dict[str, list[str]]] = {}
+    for row in results.ran():
+        if row.path:
+            where = f"{row.weights or row.dtype} M = {parse_shape(row.shape).m}"
+            entries = by_impl.setdefault(row.implementation, {}).setdefault(row.path, [])
+            if where not in entries:
+                entries.append(where)
+    return [
+        f"{name} ran " + "; ".join(f"{path} ({', '.join(wheres)})" for path, wheres in paths.items())
+        for name, paths in by_impl.items()
+    ]
+
+
 def render(results: "Results", width: int | None = None) -> str:
     """The table and, below it, what did not run here and why: what ``print`` shows.
     ``width`` defaults to the terminal's (``COLUMNS``), 100 when there is none."""
@@ -123,6 +160,7 @@ def render(results: "Results", width: int | None = None) -> str:
     empty = sorted({row.shape for row in results.ran() if "0" in row.shape.split("x")})
     if empty:
         notes.append(f"{', '.join(empty)}: empty problems (a dimension 0), checked and never timed")
+    notes += weights_from_notes(results) + path_notes(results)
     for row in results.ran():
         if not row.passed:
             notes.append(f"{row.implementation} {row.shape} {row.dtype}: {row.status}")

@@ -42,11 +42,16 @@ class Row:
     gflops: float | None = None
     gbytes_per_s: float | None = None  # (M*K + K*N + M*N) * itemsize / time: the least traffic
     peak_pct: float | None = None
+    peak_of: str | None = None  # the roof peak_pct is against: a dtype's FMA peak, or "int8" (X rounded to bytes)
     speedup: float | None = None  # baseline time / this time, same shape, dtype and device
     max_abs_error: float | None = None
     threads: int | None = None
     weights: str | None = None  # a decode problem's weight format (q8_0, q4_0, bf16, float32); None: a matmul
     memory_pct: float | None = None  # GB/s against the memory roof measured for its thread count (decode rows)
+    weights_from: str | None = None  # where a timed decode row's weights were read from: "dram" (it rotated
+    # through weight_copies copies of W, WEIGHT_ARENA_BYTES or more in all) or "cache" (one W, repeated)
+    weight_copies: int | None = None
+    path: str | None = None  # the kernel path a library picked ("q4_0_8x8 repack", "tinyBLAS"), where it says
 
     @property
     def passed(self) -> bool:

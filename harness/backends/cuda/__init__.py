@@ -239,9 +239,9 @@ register(
         language="cuda",
         device="gpu",
         dtypes=("float32",),
-        weights=("q8_0", "q4_0", "bf16"),
-        summary="decode, Y = X W^T with W in q8_0 / q4_0 / bf16: 16-byte loads of repacked blocks, dequantized in "
-        "registers, each applied to M = 1..16 rows of X, FP32 accumulate, shuffle reduction",
+        weights=("q8_0", "q4_0", "q4_K", "bf16"),
+        summary="decode, Y = X W^T with W in q8_0 / q4_0 / q4_K / bf16: 16-byte loads of (repacked) blocks, "
+        "dequantized in registers, each applied to M = 1..16 rows of X, FP32 accumulate, shuffle reduction",
         backend=CudaBackend("decode"),
         source="cuda/decode.cu",
         requires=_REQUIRES,

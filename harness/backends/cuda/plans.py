@@ -318,8 +318,11 @@ def decode_weight_bytes(weights) -> np.ndarray:
     """``weights`` (quant.QuantizedWeights) repacked as cuda/decode.cu reads them: the same
     bytes, in another order (see the file's header). q4_0 / q8_0: every block's fp16 scale,
     [N, K/32], then from the next multiple of 16 bytes every block's quants, [N, K/32, 16 or
-    32]; bf16: ggml's own [N, K] uint16, rows padded with zero weights to a multiple of 32."""
+    32]; bf16: ggml's own [N, K] uint16, rows padded with zero weights to a multiple of 32;
+    q4_K: ggml's own bytes, unchanged (a 144-byte super-block is 9 aligned 16-byte loads)."""
     fmt, n, k = weights.format, weights.n, weights.k
+    if fmt == "q4_K":
+        return weights.data
     if fmt == "bf16":
         padded = cdiv(k, 32) * 32
         rows = np.zeros((n, padded), np.uint16)

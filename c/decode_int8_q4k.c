@@ -1,0 +1,386 @@
+/* c.decode_int8 for GGUF's q4_K weights: Y [M, N] = X [M, K] @ W^T, X quantized to q8_0 (as
+ * decode_int8.c does for q4_0 and q8_0; its entry points hand format 12 here), integer dot
+ * products per 32-weight sub-block.
+ *
+ * q4_K (harness/model/quant.py): super-blocks of 256 weights in 144 bytes, a float16 d, a
+ * float16 dmin, 12 bytes of eight 6-bit scales sc_j and eight 6-bit mins m_j (ggml's
+ * get_scale_min_k4), 128 bytes of 4-bit quants q (0..15); weight = d * sc_j * q - dmin * m_j
+ * for sub-block j (weights 32j .. 32j + 31). X comes in q8_0 blocks of 32 (d_x float16, q_x
+ * int8: ggml's bytes, from decode_int8.c's quantizer), one per sub-block, so
+ *
+ *     Y[i][r] = sum over sub-blocks of (d sc_j) d_x (sum_k q_k q_x,k) - (dmin m_j) (d_x sum_k q_x,k)
+ *
+ * where both sums are exact integers and d_x sum_k q_x,k is exact in float32 (an 11-bit
+ * float16 times an integer below 2^12); the rest is float32. Per sub-block lane, in this order:
+ * acc = fma(float(dot), (d sc_j) * d_x, acc), then acc = fma(-(dmin m_j), d_x sum q_x, acc)
+ * (d sc_j and dmin m_j are exact). A row's 8 lanes are summed once at its end, as
+ * decode_int8.c's AVX2 kernel does (sum8). Every variant does exactly these operations (the
+ * portable C through fmaf), so portable and AVX2 give the same bits, for every thread count
+ * and every M (tested).
+ *
+ * W repacked (decode_int8_q4k_pack, once, outside the timed product), the same 144 bytes a
+ * super-block, moved:
+ *
+ *   - One sub-block per int32 lane. A super-block's 128 bytes of quants are 4 vectors of 32
+ *     bytes; in vector v, bytes 4j .. 4j + 3 hold weights 4v .. 4v + 3 of sub-block j in their
+ *     low nibbles and weights 16 + 4v .. 16 + 4v + 3 in their high nibbles. So one load, an
+ *     AND and a shift-and-AND give two "slots", and slot s (weights 4s .. 4s + 3 of each of the
+ *     8 sub-blocks) meets X's slot s (the same weights' q_x, laid out so once per call) in one
+ *     vpmaddubsw: unsigned quants times signed q_x, pairs at most 2 * 15 * 127, so it cannot
+ *     saturate, and the 8 slots' int16 sums (16 products, at most 30480) add in int16 exactly.
+ *     One vpmaddwd by ones then gives each lane its sub-block's whole dot product: no
+ *     horizontal sums per sub-block, and the lanes' scales are vectors (d sc_j for the 8
+ *     sub-blocks, times X's 8 d_x).
+ *   - The 16 bytes of d, dmin and the scales stay as ggml packs them, decoded per super-block
+ *     and row with two byte shuffles and a few masks and shifts (SIMD), shared by every row of X.
+ *   - Rows in blocks of BLOCK_ROWS, K in slices of SLICE super-blocks (1024 weights); a block
+ *     holds its slices one after another, each slice its rows one after another, each row's
+ *     slice its quants, then its 16-byte headers: the order the kernel reads, so each thread
+ *     reads one sequential stream. The slices keep the share of X that a slice needs (at
+ *     M = 16, 20 KiB) in L1 while W streams past; each row's lanes wait between slices exactly.
+ *
+ * Variants: portable C and AVX2 (vpmaddubsw, F16C, FMA). There is no AVX-512 q4_K kernel:
+ * variant 3 (AVX-512, or auto on an AVX-512 CPU) quantizes X with the AVX-512 quantizer (the
+ * same bytes) and runs the AVX2 kernel, which every AVX-512 CPU has, with the same bits.
+ *
+ * Rows of X go 16 per pass over W; the number in a pass is a compile-time constant for every
+ * M = 1..16 (a switch over inlined copies), so the loops over them unroll. Threads take
+ * blocks of rows of W (thread_pool.h); every Y element is the same sequence of operations
+ * whichever thread, pass or slice computes it.
+ */
+#if !defined(__APPLE__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* posix_memalign under a strict -std=c11 */
+#endif
+#include <math.h>
+#include <stdlib.h>
+
+#include "decode.h"
+#include "matmul.h"
+#include "thread_pool.h"
+
+#if DECODE_HAVE_X86
+#include <immintrin.h>
+#endif
+
+enum {
+    SUPER = DECODE_Q4_K_BLOCK,       /* weights per super-block */
+    SUPER_BYTES = DECODE_Q4_K_BYTES, /* bytes per super-block, packed or not */
+    SUBS = 8,                        /* sub-blocks of 32 per super-block: one per int32 lane of 256 bits */
+    QUANT_BYTES = 128,               /* a super-block's 4-bit quants */
+    HEADER_BYTES = 16,               /* d, dmin (float16), then the 12 bytes of scales and mins */
+    Q8_BYTES = 34,                   /* one q8_0 block of X: a float16 scale, 32 int8 */
+    ROWS = DECODE_MAX_ROWS,          /* rows of X per pass over W */
+    BLOCK_ROWS = 16,                 /* rows of W per block: a slice of K runs over them before the next */
+    SLICE = 4,                       /* super-blocks per slice of K */
+    PREFETCH = 2048,                 /* bytes ahead in W's stream (row_avx2) */
+};
+
+/* ---- W repacked (the header) ---------------------------------------------------------------- */
+
+static int check_shape(int64_t N, int64_t K) {
+    if (N < 0 || K < 0) return DECODE_ERR_ARGUMENT;
+    if (K % SUPER) return DECODE_ERR_BLOCK;
+    return DECODE_OK;
+}
+
+/* Where the slice of row j that starts at super-block g0 lies: blocks of BLOCK_ROWS rows, in a
+ * block its slices in turn, in a slice its rows in turn (each in_slice super-blocks long). */
+static inline int64_t slice_offset(int64_t N, int64_t supers, int64_t j, int64_t g0) {
+    const int64_t block = j / BLOCK_ROWS, rows_in_block = min_i64(BLOCK_ROWS, N - block * BLOCK_ROWS);
+    const int64_t in_slice = min_i64(SLICE, supers - g0);
+    return (block * BLOCK_ROWS * supers + rows_in_block * g0 + (j - block * BLOCK_ROWS) * in_slice) * SUPER_BYTES;
+}
+
+int64_t decode_int8_q4k_packed_bytes(int64_t N, int64_t K) {
+    const int status = check_shape(N, K);
+    return status ? -status : N * (K / SUPER) * SUPER_BYTES;
+}
+
+/* W [N, K] in ggml's q4_K bytes to the layout above, in out (decode_int8_q4k_packed_bytes long). */
+int decode_int8_q4k_pack(const uint8_t *W, int64_t N, int64_t K, uint8_t *out) {
+    const int status = check_shape(N, K);
+    if (status) return status;
+    const int64_t supers = K / SUPER;
+    for (int64_t j = 0; j < N; ++j)
+        for (int64_t b = 0; b < supers; ++b) {
+            const uint8_t *src = W + (j * supers + b) * SUPER_BYTES;
+            const int64_t g0 = b / SLICE * SLICE, u = b - g0, in_slice = min_i64(SLICE, supers - g0);
+            uint8_t *at = out + slice_offset(N, supers, j, g0), *quants = at + u * QUANT_BYTES;
+            memcpy(at + in_slice * QUANT_BYTES + u * HEADER_BYTES, src, HEADER_BYTES);
+            memset(quants, 0, QUANT_BYTES);
+            for (int l = 0; l < SUBS; ++l) /* sub-block l: chunk l / 2, low nibbles for even l */
+                for (int k = 0; k < 32; ++k) {
+                    const uint8_t q = (uint8_t)(src[HEADER_BYTES + 32 * (l / 2) + k] >> (4 * (l % 2)) & 0x0f);
+                    const int slot = k / 4;
+                    quants[32 * (slot % 4) + 4 * l + k % 4] |= (uint8_t)(slot < 4 ? q : q << 4);
+                }
+        }
+    return DECODE_OK;
+}
+
+/* ---- X, quantized once per call ----------------------------------------------------------- */
+
+/* One activation row's share of a super-block: its 8 q8_0 blocks, in the lanes of W's. */
+struct q4k_x {
+    int8_t q[SUBS * 32]; /* slot s (32 bytes): q_x of elements 4s .. 4s + 3 of each block, lane by lane */
+    float d[SUBS];       /* each block's d_x */
+    float sum[SUBS];     /* d_x times the sum of the block's q_x (exact) */
+};
+
+/* For each pass of up to ROWS rows, each super-block, the pass's rows in turn: super-block g of
+ * row i0 + m of the pass at i0 is x[i0 * supers + g * mb + m]. */
+static int quantize_activations(const float *X, int64_t M, int64_t K, int64_t variant, uint8_t *row, struct q4k_x *x) {
+    const int64_t supers = K / SUPER;
+    for (int64_t i0 = 0; i0 < M; i0 += ROWS) {
+        const int64_t mb = min_i64(ROWS, M - i0);
+        for (int64_t m = 0; m < mb; ++m) {
+            const int status = matmul_quantize_q8_0(X + (i0 + m) * K, K, row, variant);
+            if (status) return status;
+            for (int64_t b = 0; b < K / DECODE_BLOCK; ++b) {
+                const uint8_t *block = row + b * Q8_BYTES;
+                struct q4k_x *entry = x + i0 * supers + b / SUBS * mb + m;
+                const int l = (int)(b % SUBS);
+                int32_t sum = 0;
+                for (int k = 0; k < 32; ++k) sum += (int8_t)block[2 + k];
+                for (int s = 0; s < 8; ++s) memcpy(entry->q + 32 * s + 4 * l, block + 2 + 4 * s, 4);
+                entry->d[l] = decode_half(block);
+                entry->sum[l] = entry->d[l] * (float)sum;
+            }
+        }
+    }
+    return DECODE_OK;
+}
+
+/* ---- the kernels: Y[0..mb)[rows of blocks b0..b1), X's super-blocks for the pass at x -------- */
+
+typedef void (*q4k_rows_fn)(const struct q4k_x *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y,
+                            int64_t ldy, int64_t b0, int64_t b1);
+
+/* A super-block's 8 scales and 8 mins (get_scale_min_k4), from its 12 bytes. */
+static void scales_and_mins(const uint8_t *b, uint8_t sc[SUBS], uint8_t m[SUBS]) {
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = b[j] & 63;
+        m[j] = b[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((b[j + 8] & 15) | (b[j] >> 6) << 4);
+        m[j + 4] = (uint8_t)((b[j + 8] >> 4) | (b[j + 4] >> 6) << 4);
+    }
+}
+
+/* The lanes' sum in sum8's order (decode_int8.c's AVX2 kernel): lanes l and l + 4, then those
+ * two apart, then the last two. */
+static float sum_lanes(const float acc[SUBS]) {
+    const float four[4] = {acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]};
+    return (four[0] + four[2]) + (four[1] + four[3]);
+}
+
+static void rows_portable(const struct q4k_x *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y,
+                          int64_t ldy, int64_t b0, int64_t b1) {
+    const int64_t supers = K / SUPER;
+    for (int64_t j = b0 * BLOCK_ROWS; j < min_i64(b1 * BLOCK_ROWS, N); ++j)
+        for (int64_t i = 0; i < mb; ++i) {
+            float acc[SUBS] = {0};
+            for (int64_t g0 = 0; g0 < supers; g0 += SLICE) {
+                const uint8_t *at = W + slice_offset(N, supers, j, g0);
+                const int64_t in_slice = min_i64(SLICE, supers - g0);
+                for (int64_t u = 0; u < in_slice; ++u) {
+                    const uint8_t *quants = at + u * QUANT_BYTES,
+                                  *header = at + in_slice * QUANT_BYTES + u * HEADER_BYTES;
+                    const struct q4k_x *entry = x + (g0 + u) * mb + i;
+                    const float d = decode_half(header), dmin = decode_half(header + 2);
+                    uint8_t sc[SUBS], m[SUBS];
+                    scales_and_mins(header + 4, sc, m);
+                    for (int l = 0; l < SUBS; ++l) {
+                        /* int16 operands, as decode_int8.c's portable kernel has them (GCC's
+                         * vectorizer and products of chars) */
+                        int16_t w[32], xs[32];
+                        for (int k = 0; k < 32; ++k) {
+                            const uint8_t byte = quants[32 * (k / 4 % 4) + 4 * l + k % 4];
+                            w[k] = (int16_t)(k < 16 ? byte & 0x0f : byte >> 4);
+                            xs[k] = entry->q[32 * (k / 4) + 4 * l + k % 4];
+                        }
+                        int32_t dot = 0;
+                        for (int k = 0; k < 32; ++k) dot += (int32_t)w[k] * xs[k];
+                        acc[l] = fmaf((float)dot, (d * (float)sc[l]) * entry->d[l], acc[l]);
+                        acc[l] = fmaf(-(dmin * (float)m[l]), entry->sum[l], acc[l]);
+                    }
+                }
+            }
+            Y[i * ldy + j] = sum_lanes(acc);
+        }
+}
+
+#if DECODE_HAVE_X86
+#define INLINE static inline __attribute__((always_inline))
+#define AVX2   __attribute__((target("avx2,fma,f16c")))
+
+AVX2 INLINE float sum8(__m256 v) {
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
+
+/* A super-block's d sc_j and dmin m_j, lane j, from its 16 header bytes h: h[4 .. 15] are the
+ * 12 bytes b of scales_and_mins. One shuffle puts, per lane of the result, the byte holding
+ * its low bits (sc: b[0..3], b[8..11]; m: b[4..7], b[8..11]), another the byte holding its top
+ * two bits where it has them (sc_4..7: b[0..3] >> 6; m_4..7: b[4..7] >> 6). */
+AVX2 INLINE void scales_avx2(const uint8_t *h, __m256 *dsc, __m256 *dminm) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)h);
+    const __m128i lowbits =
+        _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i topbits =
+        _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    /* sc_0..3 and m_0..3: & 63; sc_4..7: & 15; m_4..7: >> 4 (the 16-bit shift's carried-in bits
+     * masked away) */
+    const __m128i low = _mm_or_si128(
+        _mm_and_si128(lowbits, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+        _mm_and_si128(_mm_srli_epi16(lowbits, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+    /* (b >> 6) << 4 is (b >> 2) & 0x30 */
+    const __m128i both = _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(topbits, 2), _mm_set1_epi8(0x30)));
+    int halves;
+    memcpy(&halves, h, sizeof halves);
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(halves)); /* d, dmin */
+    *dsc = _mm256_mul_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(both)));
+    *dminm = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(both, 8))));
+}
+
+/* One row of W's slice (in_slice super-blocks at w: quants, then headers) for mb rows of X
+ * (x: the slice's first super-block, mb entries a super-block), its lanes from and to
+ * partial between slices, its sums to y at the last. */
+AVX2 INLINE void row_avx2(const int mb, const struct q4k_x *x, const uint8_t *w, int64_t in_slice, int first, int last,
+                          float *partial, float *y, int64_t ldy) {
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc[ROWS];
+#pragma GCC unroll 16
+    for (int i = 0; i < mb; ++i) acc[i] = first ? _mm256_setzero_ps() : _mm256_load_ps(partial + 8 * i);
+    for (int64_t u = 0; u < in_slice; ++u) {
+        const uint8_t *quants = w + u * QUANT_BYTES;
+        /* ahead by hand, the 3 lines a super-block may touch: at M = 1 this reads 1.4-1.7x as
+         * fast from memory as the hardware prefetcher alone (one thread, the shared Zen 2) */
+        for (int line = 0; line < 3; ++line)
+            _mm_prefetch((const char *)(w + PREFETCH + SUPER_BYTES * u + 64 * line), _MM_HINT_T0);
+        __m256i slot[8];
+        for (int v = 0; v < 4; ++v) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(quants + 32 * v));
+            slot[v] = _mm256_and_si256(raw, low);
+            slot[v + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        }
+        __m256 dsc, dminm;
+        scales_avx2(w + in_slice * QUANT_BYTES + u * HEADER_BYTES, &dsc, &dminm);
+#pragma GCC unroll 16
+        for (int i = 0; i < mb; ++i) {
+            const struct q4k_x *entry = x + u * mb + i;
+            __m256i p[8];
+            for (int s = 0; s < 8; ++s)
+                p[s] = _mm256_maddubs_epi16(slot[s], _mm256_load_si256((const __m256i *)(entry->q + 32 * s)));
+            const __m256i sum16 =
+                _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
+                                 _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
+            const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16, ones));
+            acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dsc, _mm256_load_ps(entry->d)), acc[i]);
+            acc[i] = _mm256_fnmadd_ps(dminm, _mm256_load_ps(entry->sum), acc[i]);
+        }
+    }
+    if (!last)
+#pragma GCC unroll 16
+        for (int i = 0; i < mb; ++i) _mm256_store_ps(partial + 8 * i, acc[i]);
+    else
+#pragma GCC unroll 16
+        for (int i = 0; i < mb; ++i) y[i * ldy] = sum8(acc[i]);
+}
+
+/* Blocks b0..b1 of rows, slice by slice, each slice over the block's rows in turn. */
+AVX2 INLINE void blocks_avx2(const int mb, const struct q4k_x *x, const uint8_t *W, int64_t N, int64_t K, float *Y,
+                             int64_t ldy, int64_t b0, int64_t b1) {
+    _Alignas(32) float partial[BLOCK_ROWS * ROWS * 8]; /* each row's lanes between slices */
+    const int64_t supers = K / SUPER;
+    for (int64_t block = b0; block < b1; ++block) {
+        const int64_t j0 = block * BLOCK_ROWS, rows = min_i64(BLOCK_ROWS, N - j0);
+        for (int64_t g0 = 0; g0 < supers; g0 += SLICE) {
+            const int64_t in_slice = min_i64(SLICE, supers - g0);
+            const uint8_t *at = W + slice_offset(N, supers, j0, g0);
+            for (int64_t r = 0; r < rows; ++r)
+                row_avx2(mb, x + g0 * mb, at + r * in_slice * SUPER_BYTES, in_slice, g0 == 0, g0 + in_slice == supers,
+                         partial + r * mb * 8, Y + j0 + r, ldy);
+        }
+    }
+}
+
+AVX2 static void rows_avx2(const struct q4k_x *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y,
+                           int64_t ldy, int64_t b0, int64_t b1) {
+    switch (mb) {
+    case 1: blocks_avx2(1, x, W, N, K, Y, ldy, b0, b1); break;
+    case 2: blocks_avx2(2, x, W, N, K, Y, ldy, b0, b1); break;
+    case 3: blocks_avx2(3, x, W, N, K, Y, ldy, b0, b1); break;
+    case 4: blocks_avx2(4, x, W, N, K, Y, ldy, b0, b1); break;
+    case 5: blocks_avx2(5, x, W, N, K, Y, ldy, b0, b1); break;
+    case 6: blocks_avx2(6, x, W, N, K, Y, ldy, b0, b1); break;
+    case 7: blocks_avx2(7, x, W, N, K, Y, ldy, b0, b1); break;
+    case 8: blocks_avx2(8, x, W, N, K, Y, ldy, b0, b1); break;
+    case 9: blocks_avx2(9, x, W, N, K, Y, ldy, b0, b1); break;
+    case 10: blocks_avx2(10, x, W, N, K, Y, ldy, b0, b1); break;
+    case 11: blocks_avx2(11, x, W, N, K, Y, ldy, b0, b1); break;
+    case 12: blocks_avx2(12, x, W, N, K, Y, ldy, b0, b1); break;
+    case 13: blocks_avx2(13, x, W, N, K, Y, ldy, b0, b1); break;
+    case 14: blocks_avx2(14, x, W, N, K, Y, ldy, b0, b1); break;
+    case 15: blocks_avx2(15, x, W, N, K, Y, ldy, b0, b1); break;
+    case 16: blocks_avx2(16, x, W, N, K, Y, ldy, b0, b1); break;
+    default: break; /* the driver passes at most ROWS */
+    }
+}
+#endif
+
+/* ---- the call ----------------------------------------------------------------------------- */
+
+struct q4k_job {
+    const struct q4k_x *x; /* X as quantize_activations leaves it */
+    const uint8_t *W;      /* packed */
+    float *Y;
+    int64_t M, N, K, supers, blocks, parts;
+    q4k_rows_fn rows;
+};
+
+/* A thread's blocks b0..b1 of W times all of X, ROWS rows of X per pass; past one pass (prefill),
+ * two blocks of W (32 rows) run every pass before the next two, so they are read from memory
+ * once and from cache by the other passes (as decode_int8.c's int8_task). The same bits. */
+static void q4k_task(void *context, int64_t part) {
+    const struct q4k_job *job = context;
+    const int64_t b0 = job->blocks * part / job->parts, b1 = job->blocks * (part + 1) / job->parts;
+    const int64_t panel = job->M > ROWS ? 2 : b1 - b0;
+    for (int64_t p0 = b0; p0 < b1; p0 += panel)
+        for (int64_t i0 = 0; i0 < job->M; i0 += ROWS)
+            job->rows(job->x + i0 * job->supers, min_i64(ROWS, job->M - i0), job->W, job->N, job->K,
+                      job->Y + i0 * job->N, job->N, p0, min_i64(p0 + panel, b1));
+}
+
+/* matmul_decode_int8_f32 for format 12 (q4_K), W as decode_int8_q4k_pack made it. */
+int decode_int8_q4k_f32(const float *X, const uint8_t *W_packed, float *Y, int64_t M, int64_t N, int64_t K,
+                        int64_t threads, int64_t variant) {
+    if (M < 0) return DECODE_ERR_ARGUMENT;
+    const int status = check_shape(N, K);
+    if (status) return status;
+    const int64_t resolved = matmul_decode_int8_resolve_variant(variant);
+    if (resolved < 0) return DECODE_ERR_VARIANT;
+    if (M == 0 || N == 0) return DECODE_OK;
+    if (K == 0) {
+        memset(Y, 0, (size_t)(M * N) * sizeof(float));
+        return DECODE_OK;
+    }
+    struct q4k_job job = {NULL, W_packed, Y, M, N, K, K / SUPER, (N + BLOCK_ROWS - 1) / BLOCK_ROWS, 1, rows_portable};
+#if DECODE_HAVE_X86
+    if (resolved == DECODE_AVX2 || resolved == DECODE_AVX512) job.rows = rows_avx2; /* no AVX-512 kernel: the header */
+#endif
+    void *memory = NULL;
+    const size_t entries = (size_t)(M * job.supers) * sizeof(struct q4k_x), row = (size_t)(K / DECODE_BLOCK * Q8_BYTES);
+    if (posix_memalign(&memory, 64, entries + row)) return DECODE_ERR_MEMORY;
+    const int quantized = quantize_activations(X, M, K, resolved, (uint8_t *)memory + entries, memory);
+    if (quantized) {
+        free(memory);
+        return quantized;
+    }
+    job.x = memory;
+    job.parts = pool_threads_for(threads, (double)M * (double)N * (double)K, job.blocks);
+    pool_run(job.parts, q4k_task, &job);
+    free(memory);
+    return DECODE_OK;
+}
