@@ -24,6 +24,8 @@ from harness.tooling.headline import write
 from harness.tooling.report import write_report
 from harness.tooling.verdicts import main as judge
 
+INTERRUPTED = 130  # main's status after Ctrl-C (128 + SIGINT, what a shell reports for one)
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit code 2."""
@@ -262,7 +264,7 @@ def main(argv=None) -> int:
             f"{parser.prog} {args.command}: interrupted (Ctrl-C); files are written whole or "
             "not at all, so none is left half-written\n"
         )
-        return 130
+        return INTERRUPTED
     except OSError as error:  # a write that failed after the checks (a disk that filled up, say)
         if error.filename:  # files.replacing names the file, and left no part of it behind
             sys.stderr.write(f"cannot write {error.filename}: {error.strerror or error}\n")
