@@ -24,7 +24,8 @@ NOISY_SPREAD = 0.25  # interquartile range over median beyond which a row is fla
 
 def table(results: "Results", width: int = 100):
     """The rows that ran (checked, and timed where they run natively), as a rich Table
-    sized for ``width`` columns: below 110, only the columns a reader compares."""
+    sized for ``width`` columns: below 110, only the columns a reader compares (for decode,
+    % mem without GFLOP/s and GB/s)."""
     from rich import box
     from rich.table import Table
 
@@ -46,21 +47,32 @@ def table(results: "Results", width: int = 100):
     ]
     if wide:
         columns += [("spread", "right")]
-    columns += [("GFLOP/s", "right")]
-    columns += [("GB/s", "right"), ("% mem", "right")] if decode else [("% peak", "right")]
+    # A decode row is read by how near the memory roof it comes (% mem): its GFLOP/s and GB/s
+    # only where there is room for them.
+    if wide or not decode:
+        columns += [("GFLOP/s", "right")]
+    if wide and decode:
+        columns += [("GB/s", "right")]
+    columns += [("% mem", "right")] if decode else [("% peak", "right")]
     columns += [("vs base", "right")]
     if wide:
         columns += [("max err", "right"), ("threads", "right")]
     columns += [("check", "left")]
     for header, justify in columns:
-        table.add_column(header, justify=justify, no_wrap=header != "check")
+        # Numbers never wrap; a long implementation name folds onto a second line instead of
+        # pushing the numbers out of an 80-column terminal.
+        wraps = header in ("implementation", "check")
+        table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
     for row in results.ran():
         kind = row.weights if decode else short_dtype(row.dtype)
         cells = [row.implementation, short_shape(row.shape), kind or "", time_cell(row)]
         if wide:
             cells.append(fmt(row.spread, "±{:.0%}"))
-        cells.append(rate_text(row.gflops))
-        cells += [rate_text(row.gbytes_per_s), peak_cell(row.memory_pct)] if decode else [peak_cell(row.peak_pct)]
+        if wide or not decode:
+            cells.append(rate_text(row.gflops))
+        if wide and decode:
+            cells.append(rate_text(row.gbytes_per_s))
+        cells.append(peak_cell(row.memory_pct) if decode else peak_cell(row.peak_pct))
         cells.append(ratio_text(row.speedup))
         if wide:
             cells += [fmt(row.max_abs_error, "{:.1e}"), fmt(row.threads, "{}")]
