@@ -159,7 +159,11 @@ static VNNI512 double trial_vnni_int8(int64_t n) {
     double t1 = now_seconds();
     __m512i total = acc[0];
     for (int j = 1; j < CHAINS; ++j) total = _mm512_add_epi32(total, acc[j]);
-    sink = (double)_mm512_reduce_add_epi32(total);
+    uint32_t lanes[16]; /* summed unsigned: the chains wrap, and a signed sum would overflow (UB) */
+    __builtin_memcpy(lanes, &total, sizeof lanes);
+    uint32_t sum = 0;
+    for (int j = 0; j < 16; ++j) sum += lanes[j];
+    sink = (double)sum;
     return 2.0 * 64 * CHAINS * (double)n / (t1 - t0);
 }
 
