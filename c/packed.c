@@ -76,10 +76,6 @@
  * Shapes: A [M, K], B [K, N], C [M, N], row-major, contiguous. C is overwritten.
  * Returns 0, or a PACKED_ERR_* code (packed.h).
  */
-#if !defined(__APPLE__) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE /* posix_memalign under a strict -std=c11 */
-#endif
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,6 +83,8 @@
 #include "packed.h"
 #include "real.h"
 #include "thread_pool.h"
+
+_Static_assert(PACK_ALIGNMENT <= 64, "pool_thread_buffer aligns to 64 bytes");
 
 static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -350,42 +348,6 @@ struct nest_job {
     int failed;              /* set by a part whose buffers could not be allocated */
 };
 
-/* The pack buffers of the calling thread: kept between calls, grown when too small, freed
- * when the thread exits. */
-static pthread_key_t buffer_key;
-static pthread_once_t buffer_key_once = PTHREAD_ONCE_INIT;
-struct pack_buffer {
-    void *data;
-    size_t bytes;
-};
-
-static void free_pack_buffer(void *buffer) {
-    free(((struct pack_buffer *)buffer)->data);
-    free(buffer);
-}
-
-static void make_buffer_key(void) { pthread_key_create(&buffer_key, free_pack_buffer); }
-
-static void *thread_pack_buffer(size_t bytes) {
-    pthread_once(&buffer_key_once, make_buffer_key);
-    struct pack_buffer *buffer = pthread_getspecific(buffer_key);
-    if (!buffer) {
-        buffer = calloc(1, sizeof *buffer);
-        if (!buffer || pthread_setspecific(buffer_key, buffer) != 0) {
-            free(buffer);
-            return NULL;
-        }
-    }
-    if (buffer->bytes < bytes) {
-        free(buffer->data);
-        buffer->data = NULL;
-        buffer->bytes = 0;
-        if (posix_memalign(&buffer->data, PACK_ALIGNMENT, bytes) != 0) return NULL;
-        buffer->bytes = bytes;
-    }
-    return buffer->data;
-}
-
 static void run_block(const struct nest_job *job, int64_t m0, int64_t m1, int64_t n0, int64_t n1, real *a_pack,
                       real *b_pack) {
     const struct blocking b = job->blk;
@@ -427,7 +389,7 @@ static void nest_task(void *context, int64_t part) {
     int64_t m0, m1, n0, n1;
     grid_block(&job->grid, part, &m0, &m1, &n0, &n1);
     const size_t a_step = (size_t)round_up((int64_t)job->a_bytes, PACK_ALIGNMENT);
-    char *buffers = thread_pack_buffer(a_step + job->b_bytes);
+    char *buffers = pool_thread_buffer(a_step + job->b_bytes);
     if (!buffers) {
         __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
         return;

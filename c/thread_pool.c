@@ -177,3 +177,39 @@ int64_t pool_threads_for(int64_t requested, double work, int64_t max_parts) {
     if (by_work < (double)threads) threads = by_work < 1 ? 1 : (int64_t)by_work;
     return max_i64(1, min_i64(min_i64(threads, max_parts), POOL_MAX_THREADS));
 }
+
+/* ---- the per-thread scratch (thread_pool.h) ---- */
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_key_once = PTHREAD_ONCE_INIT;
+struct scratch {
+    void *data;
+    size_t bytes;
+};
+
+static void free_scratch(void *scratch) {
+    free(((struct scratch *)scratch)->data);
+    free(scratch);
+}
+
+static void make_scratch_key(void) { pthread_key_create(&scratch_key, free_scratch); }
+
+void *pool_thread_buffer(size_t bytes) {
+    pthread_once(&scratch_key_once, make_scratch_key);
+    struct scratch *scratch = pthread_getspecific(scratch_key);
+    if (!scratch) {
+        scratch = calloc(1, sizeof *scratch);
+        if (!scratch || pthread_setspecific(scratch_key, scratch) != 0) {
+            free(scratch);
+            return NULL;
+        }
+    }
+    if (scratch->bytes < bytes) {
+        free(scratch->data);
+        scratch->data = NULL;
+        scratch->bytes = 0;
+        if (posix_memalign(&scratch->data, 64, bytes) != 0) return NULL;
+        scratch->bytes = bytes;
+    }
+    return scratch->data;
+}

@@ -14,6 +14,7 @@
 #ifndef MATMUL_THREAD_POOL_H
 #define MATMUL_THREAD_POOL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef void (*pool_task_fn)(void *context, int64_t part);
@@ -34,5 +35,12 @@ enum {
  * POOL_MAX_THREADS, and at least 1. A speed choice only: every kernel here gives the same bits
  * for every thread count. */
 int64_t pool_threads_for(int64_t requested, double work, int64_t max_parts);
+
+/* The calling thread's scratch (pack buffers): at least `bytes`, 64-byte aligned (a cache
+ * line, an AVX-512 register, an AMX tile row), kept between calls, grown when too small
+ * (its contents then lost), freed when the thread exits; NULL if it cannot be had. One per
+ * thread, shared by the kernels that use it (c.packed, c.bf16): a call uses it only while it
+ * runs, and no kernel calls another. */
+void *pool_thread_buffer(size_t bytes);
 
 #endif

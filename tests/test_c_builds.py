@@ -27,7 +27,7 @@ from harness.env import sources
 
 # Set in the subprocess, so this file does not run itself again there.
 INNER_RUN = "MATMUL_BUILD_LEVEL_RUN"
-C_TESTS = ["test_c_kernels.py", "test_c_packed.py", "test_decode.py", "test_decode_int8_q4k.py"]
+C_TESTS = ["test_c_kernels.py", "test_c_packed.py", "test_decode.py", "test_decode_int8_q4k.py", "test_c_bf16.py"]
 
 # Extension names as c/build_isa.c reports them; each has a predefined macro (__AVX2__, ...).
 KNOWN_EXTENSIONS = [

@@ -29,6 +29,7 @@ from functools import lru_cache
 import numpy as np
 
 from harness.model.core import Backend, Implementation, Prepared
+from harness.model.inputs import bfloat16_dtype
 from harness.model.quant import int4_operands
 from harness.model.registry import register
 
@@ -196,7 +197,7 @@ class _TorchPrepared(Prepared):
             torch.set_num_threads(int(threads))
         # Copies, made here and not timed: torch would warn about the read-only views the
         # harness hands out, and must never write into the caller's arrays anyway.
-        self.a, self.b = torch.tensor(a), torch.tensor(b)
+        self.a, self.b = _to_torch(a, copy=True), _to_torch(b, copy=True)
         self.c = torch.empty((a.shape[0], b.shape[1]), dtype=self.a.dtype)
         self.matmul = torch.matmul
 
@@ -204,7 +205,29 @@ class _TorchPrepared(Prepared):
         self.matmul(self.a, self.b, out=self.c)
 
     def result(self) -> np.ndarray:
-        return self.c.numpy().copy()
+        return _to_numpy(self.c).copy()
+
+
+def _to_torch(array: np.ndarray, copy: bool):
+    """A CPU tensor of ``array``: shared where it may be (writeable, and not ``copy``), else a copy.
+    torch knows no ml_dtypes.bfloat16, so a bfloat16 array's bits go over as int16 and are
+    relabelled torch.bfloat16 (the same 16 bits)."""
+    import torch
+
+    bfloat16 = array.dtype.name == "bfloat16"
+    if bfloat16:
+        array = array.view(np.int16)
+    tensor = torch.from_numpy(array) if array.flags.writeable and not copy else torch.tensor(array)
+    return tensor.view(torch.bfloat16) if bfloat16 else tensor
+
+
+def _to_numpy(tensor) -> np.ndarray:
+    """``tensor``'s NumPy view (bfloat16 as ml_dtypes' bfloat16, through its int16 bits)."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(bfloat16_dtype())
+    return tensor.numpy()
 
 
 class TorchCpuBackend(Backend):
@@ -237,10 +260,7 @@ class TorchCpuBackend(Backend):
         if threads is not None:
             torch.set_num_threads(int(threads))
 
-        def tensor(x):
-            return torch.from_numpy(x) if x.flags.writeable else torch.tensor(x)
-
-        return lambda a, b: torch.matmul(tensor(a), tensor(b)).numpy()
+        return lambda a, b: _to_numpy(torch.matmul(_to_torch(a, copy=False), _to_torch(b, copy=False)))
 
     def prepare(self, impl, a, b, options):
         return _TorchPrepared(a, b, options.get("threads"))
@@ -306,8 +326,8 @@ register(
         name="torch.cpu",
         language="torch",
         device="cpu",
-        dtypes=("float32", "float64"),
-        summary="torch.matmul on CPU tensors: MKL or oneDNN (a peer)",
+        dtypes=("float32", "float64", "bfloat16"),
+        summary="torch.matmul on CPU tensors: MKL or oneDNN (bfloat16: oneDNN, AMX where the CPU has it; a peer)",
         backend=TorchCpuBackend(),
         options={"threads": None},
         threaded=True,

@@ -196,9 +196,11 @@ def _tmpdir_hint() -> str:
     return ""
 
 
-# The SIMD variants of c.packed, c.decode and c.decode_int8, by the numbers their C gives them
-# (each file's <prefix>_variant_supported and <prefix>_resolve_variant take and give these).
-VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+# The SIMD variants of c.packed, c.decode, c.decode_int8 and c.bf16, by the numbers their C gives
+# them (each file's <prefix>_variant_supported and <prefix>_resolve_variant take and give these;
+# a file answers 0 for a number that is not one of its kernels: c.bf16 has only avx512bf16 and
+# amx, the others only portable, avx2 and avx512).
+VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3, "avx512bf16": 4, "amx": 5}
 # c.packed's paths, by the numbers c/packed.c gives them.
 PACKED_PATHS = {"auto": 0, "vector": 1, "direct": 2, "nest": 3}
 _PACKED_ERRORS = {
@@ -228,7 +230,8 @@ def variants_text(name: str, prefix: str) -> str:
 
 def supported_variants(prefix: str = "matmul_packed") -> list[str]:
     """The variants of the kernels ``prefix`` names (matmul_packed: c.packed; matmul_decode,
-    matmul_decode_int8) this CPU can run, best last ("portable" always)."""
+    matmul_decode_int8, matmul_bf16) this CPU can run, best last ("portable" always, except for
+    matmul_bf16, which has no portable kernel)."""
     _, lib = clib.load()
     supported = getattr(lib, f"{prefix}_variant_supported")
     return [name for name, number in VARIANTS.items() if name != "auto" and supported(number)]
@@ -305,6 +308,109 @@ class PackedBackend(CBackend):
             raise RuntimeError(f"c.packed failed (code {code}): {_PACKED_ERRORS.get(code, 'unknown error')}")
 
 
+# c.bf16's variants and what the instructions are called, for the unavailable reason.
+BF16_VARIANTS = ("auto", "avx512bf16", "amx")
+BF16_UNAVAILABLE = "not on this CPU: needs AVX512_BF16 (vdpbf16ps) or AMX-BF16"
+
+
+def bf16_variants() -> list[str]:
+    """The kernels of c.bf16 this CPU can run, best last (possibly none)."""
+    return supported_variants("matmul_bf16")
+
+
+def bf16_variant(variant: str = "auto") -> str:
+    """The variant ``variant`` of c.bf16 runs as here ("auto" resolved); a ValueError for a name
+    that is not one of its kernels, UnavailableError for one this CPU cannot run."""
+    if variant not in BF16_VARIANTS:
+        raise ValueError(f"c.bf16: unknown variant {variant!r}; choose one of {', '.join(BF16_VARIANTS)}")
+    if not bf16_variants():
+        raise UnavailableError(f"c.bf16: {BF16_UNAVAILABLE}")
+    return resolved_variant("c.bf16", variant, "matmul_bf16")
+
+
+class Bf16Backend(CBackend):
+    """c.bf16: ``matmul_bf16(A, B, C, M, N, K, threads, variant, out_bf16)`` on the bfloat16
+    bit patterns (the arrays viewed as uint16), float32 sums, C rounded to bfloat16 inside the
+    timed call (out_bf16 = 1), as the harness's bfloat16 rows answer in the problem's dtype."""
+
+    _ERRORS = {
+        1: "the variant cannot run on this CPU or build",
+        2: "the pack buffers could not be allocated (out of memory)",
+        3: "a dimension is negative",
+    }
+
+    def __init__(self):
+        super().__init__("bf16", fastest_gflops=2000.0)
+        self.functions = ("matmul_bf16", "matmul_bf16_variant_supported", "matmul_bf16_resolve_variant")
+
+    def threads(self, extra_args) -> int:
+        return extra_args[0]
+
+    def unavailable_reason(self, impl):
+        broken = super().unavailable_reason(impl)
+        if broken:
+            return broken
+        return None if bf16_variants() else BF16_UNAVAILABLE
+
+    def extra_args(self, impl, options):
+        threads = thread_option(impl, options)
+        variant = options.get("variant", "auto")
+        bf16_variant(variant)  # an unknown or unsupported variant fails here, before any C runs
+        return [int(threads), VARIANTS[variant], 1]
+
+    def describe(self, impl) -> str | None:
+        if not bf16_variants():
+            return None
+        return variants_text(impl.name, "matmul_bf16")
+
+    def check_status(self, code) -> None:
+        if code:
+            raise RuntimeError(f"c.bf16 failed (code {code}): {self._ERRORS.get(code, 'unknown error')}")
+
+    def prepare(self, impl, a, b, options):
+        ffi, lib = clib.load()
+        extra = self.extra_args(impl, options)
+        (m, k), n = a.shape, b.shape[1]
+        c = empty_output(m, n, a.dtype)
+        bits = np.uint16
+        args = (
+            ffi.from_buffer("uint16_t[]", a.view(bits)),
+            ffi.from_buffer("uint16_t[]", b.view(bits)),
+            ffi.from_buffer("uint16_t[]", c.view(bits)),
+            m,
+            n,
+            k,
+            *extra,
+        )
+        interruptible = m * n * k >= self.interruptible_mnk(extra)
+        return CCall(lib.matmul_bf16, args, c, (a, b), self.check_status, interruptible)
+
+    def bind(self, impl, options):
+        ffi, lib = clib.load()
+        extra = tuple(self.extra_args(impl, options))
+        function, ctype, from_buffer = lib.matmul_bf16, ffi.typeof("uint16_t[]"), ffi.from_buffer
+        check_status, long_call = self.check_status, self.interruptible_mnk(extra)
+
+        def call(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            (m, k), n = a.shape, b.shape[1]
+            c = empty_output(m, n, a.dtype)
+            args = (
+                from_buffer(ctype, a.view(np.uint16)),
+                from_buffer(ctype, b.view(np.uint16)),
+                from_buffer(ctype, c.view(np.uint16)),
+                m,
+                n,
+                k,
+                *extra,
+            )
+            status = call_interruptibly(function, args) if m * n * k >= long_call else function(*args)
+            if status:
+                check_status(status)
+            return c
+
+        return call
+
+
 register(
     Implementation(
         name="c.naive_ijk",
@@ -360,6 +466,19 @@ register(
         backend=PackedBackend(),
         source="c/packed.c",
         options={"threads": None, "variant": "auto", "path": "auto"},
+        threaded=True,
+    )
+)
+register(
+    Implementation(
+        name="c.bf16",
+        language="c",
+        device="cpu",
+        dtypes=("bfloat16",),
+        summary="bfloat16 in, float32 sums: B packed in k pairs, AMX tiles (TDPBF16PS) or AVX512_BF16 vdpbf16ps",
+        backend=Bf16Backend(),
+        source="c/bf16.c",
+        options={"threads": None, "variant": "auto"},
         threaded=True,
     )
 )
