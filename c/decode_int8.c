@@ -423,11 +423,11 @@ VNNI INLINE void tile_vnni(const int format, const int R, const int mb, const st
         const uint8_t *at = tile + (g - g0) * group_bytes;
         for (int r = 0; r < R; ++r) {
             const uint8_t *w = at + (r0 + r) * weight_bytes;
-            /* q4_0 spends more instructions per byte of W than q8_0, and so lets fewer of W's
-             * lines be in flight from memory: ahead by hand it reads 10-30% faster (q8_0 slower) */
-            if (format == DECODE_Q4_0)
-                for (int64_t line = 0; line < weight_bytes + 2 * GROUP; line += 64)
-                    _mm_prefetch((const char *)(w + PREFETCH + line), _MM_HINT_T0);
+            /* W read ahead by hand keeps more of its lines in flight from memory: q4_0 10-30%
+             * faster, and q8_0 too with W from DRAM (an AVX-512 VNNI Xeon, 14336 x 8192, one
+             * thread: M = 4 15.4 -> 11.8 ms, M = 16 33.9 -> 16.4 ms) */
+            for (int64_t line = 0; line < weight_bytes + 2 * GROUP; line += 64)
+                _mm_prefetch((const char *)(w + PREFETCH + line), _MM_HINT_T0);
             const __m512 dw = _mm512_cvtph_ps(
                 _mm256_loadu_si256((const __m256i *)(at + rows_in * weight_bytes + (r0 + r) * 2 * GROUP)));
             __m512i slot[SLOTS], from; /* the weights (q4_0: nibbles), and where each lane's sum starts */
