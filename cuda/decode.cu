@@ -202,6 +202,27 @@ __device__ __forceinline__ float reduce(float v, int lanes) {
     return v;
 }
 
+// The end of a batched kernel (decode_mt, decode_q4_k_mt): each row's sum gathered from the
+// lanes that share it, written by the first of them (rows past N or M are never stored).
+template <int MT, int R>
+__device__ __forceinline__ void reduce_and_store(float (&acc)[MT][R], int lanes, int rows_of_x, int sub, int row0,
+                                                 int m0, int N, float* __restrict__ Y) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        if (m < rows_of_x) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[m][r] = reduce(acc[m][r], lanes);
+        }
+    }
+    if (sub == 0) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (m < rows_of_x && row0 + r < N) Y[(size_t)(m0 + m) * N + row0 + r] = acc[m][r];
+    }
+}
+
 // M = 1: X straight from global memory (K floats, which stay in L1 for every warp of the SM).
 template <int F>
 __device__ __forceinline__ void decode_m1(const uint8_t* __restrict__ Wp, const float* __restrict__ X,
@@ -352,20 +373,7 @@ __device__ __forceinline__ void decode_mt(const uint8_t* __restrict__ Wp, const 
                     acc[m][r] = scale_per_block ? fmaf(d[r], part[m][r], acc[m][r]) : part[m][r];
         }
     }
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        if (m < rows_of_x) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][r] = reduce(acc[m][r], lanes);
-        }
-    }
-    if (rows.sub == 0) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                if (m < rows_of_x && rows.row0 + r < N) Y[(size_t)(m0 + m) * N + rows.row0 + r] = acc[m][r];
-    }
+    reduce_and_store<MT, R>(acc, lanes, rows_of_x, rows.sub, rows.row0, m0, N, Y);
 }
 
 // ---- q4_K: 256-weight super-blocks, each weight dequantized exactly ---------------------------------
@@ -641,20 +649,7 @@ __device__ __forceinline__ void decode_q4_k_mt(const uint8_t* __restrict__ Wp, c
             }
         }
     }
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        if (m < rows_of_x) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][r] = reduce(acc[m][r], lanes);
-        }
-    }
-    if (rows.sub == 0) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                if (m < rows_of_x && rows.row0 + r < N) Y[(size_t)(m0 + m) * N + rows.row0 + r] = acc[m][r];
-    }
+    reduce_and_store<MT, R>(acc, lanes, rows_of_x, rows.sub, rows.row0, m0, N, Y);
 }
 
 // The kernels, one per weight format and rows of X per pass (MT), all made from this one list:
