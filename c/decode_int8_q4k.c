@@ -14,9 +14,8 @@
  * float16 times an integer below 2^12); the rest is float32. Per sub-block lane, in this order:
  * acc = fma(float(dot), (d sc_j) * d_x, acc), then acc = fma(-(dmin m_j), d_x sum q_x, acc)
  * (d sc_j and dmin m_j are exact). A row's 8 lanes are summed once at its end, as
- * decode_int8.c's AVX2 kernel does (sum8). Every variant does exactly these operations (the
- * portable C through fmaf), so portable and AVX2 give the same bits, for every thread count
- * and every M (tested).
+ * decode_int8.c's AVX2 kernel does (sum8). The portable C (through fmaf) and AVX2 do exactly
+ * these operations, so they give the same bits, for every thread count and every M (tested).
  *
  * W repacked (decode_int8_q4k_pack, once, outside the timed product), the same 144 bytes a
  * super-block, moved:
@@ -39,9 +38,10 @@
  *     reads one sequential stream. The slices keep the share of X that a slice needs (at
  *     M = 16, 20 KiB) in L1 while W streams past; each row's lanes wait between slices exactly.
  *
- * Variants: portable C and AVX2 (vpmaddubsw, F16C, FMA). There is no AVX-512 q4_K kernel:
- * variant 3 (AVX-512, or auto on an AVX-512 CPU) quantizes X with the AVX-512 quantizer (the
- * same bytes) and runs the AVX2 kernel, which every AVX-512 CPU has, with the same bits.
+ * Variants: portable C, AVX2 (vpmaddubsw, F16C, FMA) and AVX-512 VNNI (row_vnni: the same
+ * layout of W, two super-blocks a 512-bit register, one vpdpbusd per slot). The portable C and
+ * AVX2 give the same bits; the VNNI kernel sums each lane over every other super-block, so its
+ * bits are its own (within the same error model), again the same for every thread count and M.
  *
  * Rows of X go 16 per pass over W; the number in a pass is a compile-time constant for every
  * M = 1..16 (a switch over inlined copies), so the loops over them unroll. Threads take
@@ -72,7 +72,7 @@ enum {
     ROWS = DECODE_MAX_ROWS,          /* rows of X per pass over W */
     BLOCK_ROWS = 16,                 /* rows of W per block: a slice of K runs over them before the next */
     SLICE = 4,                       /* super-blocks per slice of K */
-    PREFETCH = 2048,                 /* bytes ahead in W's stream (row_avx2) */
+    PREFETCH = 2048,                 /* bytes ahead in W's stream (row_avx2, row_vnni) */
 };
 
 /* ---- W repacked (the header) ---------------------------------------------------------------- */
@@ -127,10 +127,23 @@ struct q4k_x {
     float sum[SUBS];     /* d_x times the sum of the block's q_x (exact) */
 };
 
-/* For each pass of up to ROWS rows, each super-block, the pass's rows in turn: super-block g of
- * row i0 + m of the pass at i0 is x[i0 * supers + g * mb + m]. */
-static int quantize_activations(const float *X, int64_t M, int64_t K, int64_t variant, uint8_t *row, struct q4k_x *x) {
-    const int64_t supers = K / SUPER;
+/* The VNNI kernel's: one row's share of a pair of super-blocks 2P, 2P + 1, in the 16 lanes of
+ * a 512-bit register (2P's 8 blocks in lanes 0..7, 2P + 1's in 8..15; zeros past K's last). */
+struct q4k_x2 {
+    int8_t q[SUBS * 64]; /* slot s (64 bytes): 2P's slot s, then 2P + 1's */
+    float d[2 * SUBS];
+    float sum[2 * SUBS];
+};
+
+/* For each pass of up to ROWS rows, each entry (a super-block, or a pair when wide), the pass's
+ * rows in turn: entry e of row i0 + m of the pass at i0 is at x + (i0 * entries + e * mb + m) *
+ * stride bytes, with each entry's slots 32 * width bytes long and its scales and sums after
+ * them (struct q4k_x for width 1, q4k_x2 for width 2). */
+static int quantize_activations(const float *X, int64_t M, int64_t K, int64_t variant, int width, uint8_t *row,
+                                uint8_t *x) {
+    const int64_t entries = (K / SUPER + width - 1) / width;
+    const size_t stride = width == 1 ? sizeof(struct q4k_x) : sizeof(struct q4k_x2), slot = 32 * (size_t)width;
+    memset(x, 0, (size_t)(M * entries) * stride); /* a pair's missing half: zero weights' lanes */
     for (int64_t i0 = 0; i0 < M; i0 += ROWS) {
         const int64_t mb = min_i64(ROWS, M - i0);
         for (int64_t m = 0; m < mb; ++m) {
@@ -138,13 +151,15 @@ static int quantize_activations(const float *X, int64_t M, int64_t K, int64_t va
             if (status) return status;
             for (int64_t b = 0; b < K / DECODE_BLOCK; ++b) {
                 const uint8_t *block = row + b * Q8_BYTES;
-                struct q4k_x *entry = x + i0 * supers + b / SUBS * mb + m;
-                const int l = (int)(b % SUBS);
+                const int64_t super = b / SUBS;
+                uint8_t *entry = x + (size_t)(i0 * entries + super / width * mb + m) * stride;
+                float *d = (float *)(entry + SUBS * slot), *sums = d + SUBS * width;
+                const int lane = (int)(super % width * SUBS + b % SUBS);
                 int32_t sum = 0;
                 for (int k = 0; k < 32; ++k) sum += (int8_t)block[2 + k];
-                for (int s = 0; s < 8; ++s) memcpy(entry->q + 32 * s + 4 * l, block + 2 + 4 * s, 4);
-                entry->d[l] = decode_half(block);
-                entry->sum[l] = entry->d[l] * (float)sum;
+                for (int s = 0; s < 8; ++s) memcpy(entry + slot * s + 4 * lane, block + 2 + 4 * s, 4);
+                d[lane] = decode_half(block);
+                sums[lane] = d[lane] * (float)sum;
             }
         }
     }
@@ -153,8 +168,8 @@ static int quantize_activations(const float *X, int64_t M, int64_t K, int64_t va
 
 /* ---- the kernels: Y[0..mb)[rows of blocks b0..b1), X's super-blocks for the pass at x -------- */
 
-typedef void (*q4k_rows_fn)(const struct q4k_x *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y,
-                            int64_t ldy, int64_t b0, int64_t b1);
+typedef void (*q4k_rows_fn)(const void *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y, int64_t ldy,
+                            int64_t b0, int64_t b1);
 
 /* A super-block's 8 scales and 8 mins (get_scale_min_k4), from its 12 bytes. */
 static void scales_and_mins(const uint8_t *b, uint8_t sc[SUBS], uint8_t m[SUBS]) {
@@ -173,8 +188,9 @@ static float sum_lanes(const float acc[SUBS]) {
     return (four[0] + four[2]) + (four[1] + four[3]);
 }
 
-static void rows_portable(const struct q4k_x *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y,
-                          int64_t ldy, int64_t b0, int64_t b1) {
+static void rows_portable(const void *xs, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y, int64_t ldy,
+                          int64_t b0, int64_t b1) {
+    const struct q4k_x *x = xs;
     const int64_t supers = K / SUPER;
     for (int64_t j = b0 * BLOCK_ROWS; j < min_i64(b1 * BLOCK_ROWS, N); ++j)
         for (int64_t i = 0; i < mb; ++i) {
@@ -306,8 +322,8 @@ AVX2 INLINE void blocks_avx2(const int mb, const struct q4k_x *x, const uint8_t 
     }
 }
 
-AVX2 static void rows_avx2(const struct q4k_x *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y,
-                           int64_t ldy, int64_t b0, int64_t b1) {
+AVX2 static void rows_avx2(const void *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y, int64_t ldy,
+                           int64_t b0, int64_t b1) {
     switch (mb) {
     case 1: blocks_avx2(1, x, W, N, K, Y, ldy, b0, b1); break;
     case 2: blocks_avx2(2, x, W, N, K, Y, ldy, b0, b1); break;
@@ -328,15 +344,123 @@ AVX2 static void rows_avx2(const struct q4k_x *x, int64_t mb, const uint8_t *W, 
     default: break; /* the driver passes at most ROWS */
     }
 }
+
+/* AVX-512 VNNI: two super-blocks per 512-bit register, super-block u in lanes 0..7 and u + 1 in
+ * 8..15, and one vpdpbusd per slot (unsigned nibbles times signed q_x, four products a lane)
+ * where AVX2 takes vpmaddubsw, an int16 add and, per 8 slots, a vpmaddwd: the same exact
+ * integer dot per sub-block, in half the instructions for twice the lanes. Each lane then does
+ * the AVX2 lane's two FMAs, so lane l accumulates sub-block l of a slice's even super-blocks
+ * and lane 8 + l its odd ones; the 16 lanes are summed at the row's end (halves, then sum8):
+ * other bits than AVX2's, the same for every thread count and M. 32 registers hold the 8
+ * slots and up to 16 rows' accumulators. */
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+
+VNNI INLINE float sum16(__m512 v) {
+    return sum8(
+        _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+VNNI INLINE __m512 join_ps(__m256 low, __m256 high) {
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(low)), _mm256_castps_pd(high), 1));
+}
+
+/* One row of W's slice for mb rows of X (x: the slice's first pair, mb entries a pair), as row_avx2. */
+VNNI INLINE void row_vnni(const int mb, const struct q4k_x2 *x, const uint8_t *w, int64_t in_slice, int first, int last,
+                          float *partial, float *y, int64_t ldy) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    __m512 acc[ROWS];
+#pragma GCC unroll 16
+    for (int i = 0; i < mb; ++i) acc[i] = first ? _mm512_setzero_ps() : _mm512_load_ps(partial + 16 * i);
+    for (int64_t u = 0; u < in_slice; u += 2) {
+        const int pair = u + 1 < in_slice; /* else u is K's last super-block, and lanes 8..15 stay zero */
+        const uint8_t *quants = w + u * QUANT_BYTES, *headers = w + in_slice * QUANT_BYTES + u * HEADER_BYTES;
+        for (int line = 0; line < 6; ++line) /* as row_avx2, 3 lines a super-block */
+            _mm_prefetch((const char *)(w + PREFETCH + SUPER_BYTES * (u + line / 3) + 64 * (line % 3)), _MM_HINT_T0);
+        __m512i slot[8];
+        for (int v = 0; v < 4; ++v) {
+            const __m256i next =
+                pair ? _mm256_loadu_si256((const __m256i *)(quants + QUANT_BYTES + 32 * v)) : _mm256_setzero_si256();
+            const __m512i raw = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(quants + 32 * v))), next, 1);
+            slot[v] = _mm512_and_si512(raw, low);
+            slot[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+        }
+        __m256 dsc0, dminm0, dsc1 = _mm256_setzero_ps(), dminm1 = _mm256_setzero_ps();
+        scales_avx2(headers, &dsc0, &dminm0);
+        if (pair) scales_avx2(headers + HEADER_BYTES, &dsc1, &dminm1);
+        const __m512 dsc = join_ps(dsc0, dsc1), dminm = join_ps(dminm0, dminm1);
+        const struct q4k_x2 *pair_x = x + u / 2 * mb; /* the pair's mb entries */
+#pragma GCC unroll 16
+        for (int i = 0; i < mb; ++i) {
+            const struct q4k_x2 *entry = pair_x + i;
+            /* even and odd slots in two chains, so few rows do not wait on vpdpbusd's
+             * latency: integer sums, exact */
+            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+            for (int s = 0; s < 8; s += 2) {
+                even = _mm512_dpbusd_epi32(even, slot[s], _mm512_load_si512((const void *)(entry->q + 64 * s)));
+                odd = _mm512_dpbusd_epi32(odd, slot[s + 1], _mm512_load_si512((const void *)(entry->q + 64 * s + 64)));
+            }
+            const __m512i dot = _mm512_add_epi32(even, odd);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dsc, _mm512_load_ps(entry->d)), acc[i]);
+            acc[i] = _mm512_fnmadd_ps(dminm, _mm512_load_ps(entry->sum), acc[i]);
+        }
+    }
+    if (!last)
+#pragma GCC unroll 16
+        for (int i = 0; i < mb; ++i) _mm512_store_ps(partial + 16 * i, acc[i]);
+    else
+#pragma GCC unroll 16
+        for (int i = 0; i < mb; ++i) y[i * ldy] = sum16(acc[i]);
+}
+
+VNNI INLINE void blocks_vnni(const int mb, const struct q4k_x2 *x, const uint8_t *W, int64_t N, int64_t K, float *Y,
+                             int64_t ldy, int64_t b0, int64_t b1) {
+    _Alignas(64) float partial[BLOCK_ROWS * ROWS * 16]; /* each row's lanes between slices */
+    const int64_t supers = K / SUPER;
+    for (int64_t block = b0; block < b1; ++block) {
+        const int64_t j0 = block * BLOCK_ROWS, rows = min_i64(BLOCK_ROWS, N - j0);
+        for (int64_t g0 = 0; g0 < supers; g0 += SLICE) { /* SLICE is even: a slice's pairs are K's */
+            const int64_t in_slice = min_i64(SLICE, supers - g0);
+            const uint8_t *at = W + slice_offset(N, supers, j0, g0);
+            for (int64_t r = 0; r < rows; ++r)
+                row_vnni(mb, x + g0 / 2 * mb, at + r * in_slice * SUPER_BYTES, in_slice, g0 == 0,
+                         g0 + in_slice == supers, partial + r * mb * 16, Y + j0 + r, ldy);
+        }
+    }
+}
+
+VNNI static void rows_vnni(const void *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y, int64_t ldy,
+                           int64_t b0, int64_t b1) {
+    switch (mb) {
+    case 1: blocks_vnni(1, x, W, N, K, Y, ldy, b0, b1); break;
+    case 2: blocks_vnni(2, x, W, N, K, Y, ldy, b0, b1); break;
+    case 3: blocks_vnni(3, x, W, N, K, Y, ldy, b0, b1); break;
+    case 4: blocks_vnni(4, x, W, N, K, Y, ldy, b0, b1); break;
+    case 5: blocks_vnni(5, x, W, N, K, Y, ldy, b0, b1); break;
+    case 6: blocks_vnni(6, x, W, N, K, Y, ldy, b0, b1); break;
+    case 7: blocks_vnni(7, x, W, N, K, Y, ldy, b0, b1); break;
+    case 8: blocks_vnni(8, x, W, N, K, Y, ldy, b0, b1); break;
+    case 9: blocks_vnni(9, x, W, N, K, Y, ldy, b0, b1); break;
+    case 10: blocks_vnni(10, x, W, N, K, Y, ldy, b0, b1); break;
+    case 11: blocks_vnni(11, x, W, N, K, Y, ldy, b0, b1); break;
+    case 12: blocks_vnni(12, x, W, N, K, Y, ldy, b0, b1); break;
+    case 13: blocks_vnni(13, x, W, N, K, Y, ldy, b0, b1); break;
+    case 14: blocks_vnni(14, x, W, N, K, Y, ldy, b0, b1); break;
+    case 15: blocks_vnni(15, x, W, N, K, Y, ldy, b0, b1); break;
+    case 16: blocks_vnni(16, x, W, N, K, Y, ldy, b0, b1); break;
+    default: break;
+    }
+}
 #endif
 
 /* ---- the call ----------------------------------------------------------------------------- */
 
 struct q4k_job {
-    const struct q4k_x *x; /* X as quantize_activations leaves it */
-    const uint8_t *W;      /* packed */
+    const uint8_t *x; /* X as quantize_activations leaves it */
+    const uint8_t *W; /* packed */
     float *Y;
-    int64_t M, N, K, supers, blocks, parts;
+    int64_t M, N, K, x_row_bytes, blocks, parts; /* x_row_bytes: one row of X in x's layout */
     q4k_rows_fn rows;
 };
 
@@ -349,7 +473,7 @@ static void q4k_task(void *context, int64_t part) {
     const int64_t panel = job->M > ROWS ? 2 : b1 - b0;
     for (int64_t p0 = b0; p0 < b1; p0 += panel)
         for (int64_t i0 = 0; i0 < job->M; i0 += ROWS)
-            job->rows(job->x + i0 * job->supers, min_i64(ROWS, job->M - i0), job->W, job->N, job->K,
+            job->rows(job->x + i0 * job->x_row_bytes, min_i64(ROWS, job->M - i0), job->W, job->N, job->K,
                       job->Y + i0 * job->N, job->N, p0, min_i64(p0 + panel, b1));
 }
 
@@ -366,14 +490,22 @@ int decode_int8_q4k_f32(const float *X, const uint8_t *W_packed, float *Y, int64
         memset(Y, 0, (size_t)(M * N) * sizeof(float));
         return DECODE_OK;
     }
-    struct q4k_job job = {NULL, W_packed, Y, M, N, K, K / SUPER, (N + BLOCK_ROWS - 1) / BLOCK_ROWS, 1, rows_portable};
+    const int64_t supers = K / SUPER;
+    int width = 1; /* super-blocks per entry of X's layout */
+    struct q4k_job job = {NULL, W_packed, Y, M, N, K, 0, (N + BLOCK_ROWS - 1) / BLOCK_ROWS, 1, rows_portable};
 #if DECODE_HAVE_X86
-    if (resolved == DECODE_AVX2 || resolved == DECODE_AVX512) job.rows = rows_avx2; /* no AVX-512 kernel: the header */
+    if (resolved == DECODE_AVX2) job.rows = rows_avx2;
+    if (resolved == DECODE_AVX512) {
+        job.rows = rows_vnni;
+        width = 2;
+    }
 #endif
+    job.x_row_bytes =
+        width == 1 ? supers * (int64_t)sizeof(struct q4k_x) : (supers + 1) / 2 * (int64_t)sizeof(struct q4k_x2);
     void *memory = NULL;
-    const size_t entries = (size_t)(M * job.supers) * sizeof(struct q4k_x), row = (size_t)(K / DECODE_BLOCK * Q8_BYTES);
+    const size_t entries = (size_t)(M * job.x_row_bytes), row = (size_t)(K / DECODE_BLOCK * Q8_BYTES);
     if (posix_memalign(&memory, 64, entries + row)) return DECODE_ERR_MEMORY;
-    const int quantized = quantize_activations(X, M, K, resolved, (uint8_t *)memory + entries, memory);
+    const int quantized = quantize_activations(X, M, K, resolved, width, (uint8_t *)memory + entries, memory);
     if (quantized) {
         free(memory);
         return quantized;

@@ -5,8 +5,8 @@ Each product is checked three ways (as tests/test_decode.py checks the q4_0 and 
 against the float64 product of the quantized X and the weights q4_K holds with the ordinary
 float32 error model, against the exact product within X's rounding bound, and with the
 activation rounding the implementation declares ("q8_0"). Then: the same bits for every
-thread count, every M and every variant (the portable C and the AVX2 kernel do the same
-operations; "avx512" runs the AVX2 kernel), the packed layout as the file's header draws
+thread count and every M in each variant, the same bits from the portable C and the AVX2
+kernel (which do the same operations), the packed layout as the file's header draws
 it, and the refusals."""
 
 from __future__ import annotations
@@ -153,30 +153,28 @@ def test_each_row_of_x_gets_the_same_bits_whatever_m(variant):
     np.testing.assert_array_equal(_run(x[16:17], w, variant=variant, threads=1), batch[16:17])
 
 
-def test_every_variant_gives_the_same_bits():
-    # the portable C does the AVX2 kernel's operations (fmaf), in its order; "avx512" runs the
-    # AVX2 kernel (there is no AVX-512 q4_K kernel) after the AVX-512 quantizer, whose bytes
-    # are the same
-    variants = _variants()
+def test_the_portable_c_and_the_avx2_kernel_give_the_same_bits():
+    # the portable C does the AVX2 kernel's operations (fmaf), in its order; the AVX-512 VNNI
+    # kernel sums each lane over every other super-block (two a register), so its bits are its
+    # own: the error models above check it, and the tests after this its bits across threads and M
+    variants = [v for v in _variants() if v in ("portable", "avx2")]
     if len(variants) < 2:
         pytest.skip("this CPU runs only the portable variant")
     for m, n, k in ((1, 33, 256), (5, 17, 4608), (16, 40, 1024), (17, 7, 768)):
         w = quant.quantize(_weights(n, k, seed=k), "q4_K")
         x = _activations(m, k, seed=m)
         results = {variant: _run(x, w, variant=variant, threads=2) for variant in variants}
-        for variant in variants[1:]:
-            np.testing.assert_array_equal(results[variant], results["portable"], err_msg=f"{variant} {m}x{n}x{k}")
+        np.testing.assert_array_equal(results["avx2"], results["portable"], err_msg=f"{m}x{n}x{k}")
 
 
-def test_avx512_is_refused_where_the_cpu_lacks_it_and_runs_the_avx2_kernel_where_it_has_it():
+def test_avx512_is_refused_where_the_cpu_lacks_it_and_is_what_auto_runs_where_it_has_it():
     w = quant.quantize(_weights(9, 512), "q4_K")
     x = _activations(3, 512)
     if "avx512" not in _variants():
         with pytest.raises(harness.UnavailableError, match="cannot run on this CPU"):
             INT8.backend.prepare(INT8, x, w, {"threads": 1, "variant": "avx512"})
         return
-    np.testing.assert_array_equal(_run(x, w, variant="avx512"), _run(x, w, variant="avx2"))
-    np.testing.assert_array_equal(_run(x, w, variant="auto"), _run(x, w, variant="avx2"))
+    np.testing.assert_array_equal(_run(x, w, variant="auto"), _run(x, w, variant="avx512"))
 
 
 def _layout(w: quant.QuantizedWeights) -> np.ndarray:
