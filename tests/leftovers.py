@@ -37,13 +37,13 @@ def marked_processes(mark: str | None = None) -> dict[int, str]:
     return found
 
 
-def left_running(grace_s: float = GRACE_S, kill: bool = False) -> dict[int, str]:
+def left_running(grace_s: float = GRACE_S, kill: bool = False, mark: str | None = None) -> dict[int, str]:
     """The marked processes still alive after up to ``grace_s``; with ``kill``, SIGKILLed too."""
     deadline = time.monotonic() + grace_s
-    left = marked_processes()
+    left = marked_processes(mark)
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = marked_processes()
+        left = marked_processes(mark)
     if kill:
         for pid in left:
             try:

@@ -2,35 +2,52 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
-from leftovers import left_running, marked_processes
+from leftovers import RUN_MARK, left_running, marked_processes
+
+
+def _what_became_of(pid: int) -> str:
+    """Why a process was not found: gone, or alive without the mark (and which mark it has)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            marks = [v for v in environ.read().split(b"\0") if v.startswith(RUN_MARK.encode())]
+    except OSError as error:
+        return f"process {pid} is gone or unreadable ({error.strerror})"
+    return f"process {pid} is alive with marks {marks}"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_process_in_a_session_of_its_own_whose_parent_died_is_still_found():
     # The parent starts the sleeper in a new session and exits at once: the sleeper is
-    # reparented, out of reach of any killpg of ours, and still carries the run's mark.
+    # reparented, out of reach of any killpg of ours, and still carries the mark it was given.
+    # The mark is this test's own, so no other test's clean-up (another xdist worker's
+    # included) can see or kill the sleeper, whatever this process's own mark is by now.
+    mark = uuid.uuid4().hex
     parent = subprocess.run(
         [
             sys.executable,
             "-c",
             "import subprocess, sys; p = subprocess.Popen(['sleep', '60'], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)",
         ],
+        env={**os.environ, RUN_MARK: mark},
         capture_output=True,
         text=True,
         check=True,
     )
     orphan = int(parent.stdout)
     try:
-        assert orphan in marked_processes()
-        assert orphan in left_running(grace_s=0.2, kill=True)
+        assert orphan in marked_processes(mark), _what_became_of(orphan)
+        assert orphan not in marked_processes(uuid.uuid4().hex), "found under a mark it does not carry"
+        assert orphan in left_running(grace_s=0.2, kill=True, mark=mark)
         deadline = time.monotonic() + 5
-        while orphan in marked_processes() and time.monotonic() < deadline:
+        while orphan in marked_processes(mark) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert orphan not in marked_processes(), "killed"
+        assert orphan not in marked_processes(mark), "killed"
     finally:
         subprocess.run(["kill", "-9", str(orphan)], capture_output=True)
