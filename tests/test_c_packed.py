@@ -157,7 +157,7 @@ def _path_crossovers(dtype) -> list[Shape]:
     register tile MR (the kernels'
     row-count instances); MC, below which the B panel is sized for L2; a GEMV chunk of y
     (8 KiB); KC / 2, below which the loop nest runs rows first; M = 16, up to which it packs
-    B in whole rows; the K block KC."""
+    B in whole rows (and the N past which those panels are cut); the K block KC."""
     blocking = c_backend.packed_blocking("auto", dtype)
     mr, mc, kc = blocking["MR"], blocking["MC"], blocking["KC"]
     itemsize = np.dtype(dtype).itemsize
@@ -174,6 +174,10 @@ def _path_crossovers(dtype) -> list[Shape]:
     # half of L2 / KC: this N shortens it, so the K sum is cut there too.
     wide_n = blocking["L2"] // 2 // (kc * itemsize) + 7
     shapes += [Shape(m, wide_n, kc + 5) for m in (15, 16, 17)]
+    # ... but not below 128 (c/packed.c's STREAM_B_MIN_KC): a wider B is packed in panels of
+    # fewer columns than N, the last one narrower.
+    floor_n = blocking["L2"] // 2 // (128 * itemsize)
+    shapes += [Shape(m, n, 2 * 128 + 5) for m in (3, 16) for n in (floor_n + 9, 3 * floor_n + 5)]
     shapes += [Shape(1, n, 23) for n in (chunk - 1, chunk, chunk + 1)]
     shapes += [Shape(9, 33, k) for k in (kc // 2 - 1, kc // 2, kc // 2 + 1, kc - 1, kc, kc + 1)]
     shapes += [Shape(1, 33, kc + 1), Shape(33, 1, kc + 1)]
