@@ -21,8 +21,11 @@ SIMD_FLAGS = (
     "avx512f",
     "avx512bw",
     "avx512vl",
+    "avx_vnni",  # the int8 dot products c.decode_int8 and llama.cpp use (vpdpbusd)
+    "avx512_vnni",
     "avx512_bf16",
     "avx512_fp16",
+    "amx_bf16",  # c.bf16's AMX tiles
     "neon",
     "asimd",
     "sve",
