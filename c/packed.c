@@ -103,8 +103,8 @@ enum { STREAM_B_MAX_M = 16 };
 /* ... and there KC is shortened to fit the whole-row panel, but no further than this (nor past
  * the usual KC): below it each C tile is read and written back after too few FMAs. At 16 x 4096
  * x 4096, where a whole row of B in float64 allowed only KC = 16, a floor of 128 took one thread
- * from 0.86x to 1.0x NumPy's time on an AMD EPYC Zen 5 (float32 at 4 x 14336 x 4096: 1.50x to
- * 1.65x), the panel then being cut into NC-wide pieces along N. */
+ * from 0.74-0.86x to 0.92-1.01x NumPy's speed on an AMD EPYC Zen 5 (float32 at 4 x 14336 x 4096:
+ * 1.50x to 1.65x), the panel then being cut into NC-wide pieces along N. */
 enum { STREAM_B_MIN_KC = 128 };
 
 /* ---- M = 1: y = a B, streaming B ----------------------------------------------------------- */
