@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import harness
+from harness.backends.numpy_blas import FORCING_VARIABLES
 from harness.run.compare import Results, Row
 from harness.run.render import format_time
 
@@ -177,8 +178,9 @@ def test_times_in_human_units(seconds, text):
 def test_the_quick_start_table_at_80_columns_is_short(monkeypatch):
     # A kernel-forcing variable some machines set (OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU)
     # adds a three-line warning to the table: tested in test_outputs_and_options.py, not here.
-    for name in ("OPENBLAS_CORETYPE", "BLIS_ARCH_TYPE", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE"):
-        monkeypatch.delenv(name, raising=False)
+    for names in FORCING_VARIABLES.values():
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
     results = harness.compare([64], ["c.*", "numpy", "python.ikj", "cuda.*", "triton.*"], ["float32"], min_time=0.01)
     for row in results.rows:  # the busy-machine note ("! the timings ... spread") comes and goes with the load
         row.spread = None
