@@ -456,6 +456,17 @@ def test_c_decode_int8_packs_w_as_its_header_says(fmt):
 
 
 @needs_c
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_K"])
+def test_c_decode_int8_packed_w_starts_on_a_page(fmt):
+    # the kernels load W 64 bytes at a time from multiples of 64 past its start: a start in the
+    # middle of a cache line (where NumPy puts a large array) makes every load straddle two
+    for n in (1, 37, 300):
+        packed = decode_backend.pack_int8_weights(quant.quantize(_weights(n, 512, seed=n), fmt))
+        assert packed.ctypes.data % decode_backend.PACKED_ALIGNMENT == 0, f"{fmt} {n}x512"
+        assert decode_backend.PACKED_ALIGNMENT % 64 == 0
+
+
+@needs_c
 def test_c_decode_int8_pack_refuses_bad_shapes_by_code():
     ffi, lib = decode_backend._library()
     assert lib.matmul_decode_int8_packed_bytes(4, 48, 2) == -4  # K not a multiple of 32

@@ -124,6 +124,20 @@ def check_decode_status(name: str, code: int) -> None:
         )
 
 
+# Where the packed W starts. The kernels read it in 64-byte loads at multiples of 64 from its start;
+# NumPy's allocator starts a large array 16 or 32 bytes past a line, so every load would straddle
+# two lines (and every prefetch miss half of one). A page, as ggml's buffers are aligned.
+PACKED_ALIGNMENT = 4096
+
+
+def _page_aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` whose data starts on a PACKED_ALIGNMENT boundary
+    (a view into a slightly larger allocation, which it keeps alive as its base)."""
+    raw = np.empty(nbytes + PACKED_ALIGNMENT, np.uint8)
+    offset = (-raw.ctypes.data) % PACKED_ALIGNMENT
+    return raw[offset : offset + nbytes]
+
+
 def pack_int8_weights(w: QuantizedWeights) -> np.ndarray:
     """W's bytes in the layout c/decode_int8.c's kernels read (matmul_decode_int8_pack: tiles of
     4 rows, chunks of 4 blocks; the same bytes, moved), a new array."""
@@ -132,7 +146,7 @@ def pack_int8_weights(w: QuantizedWeights) -> np.ndarray:
     size = lib.matmul_decode_int8_packed_bytes(w.n, w.k, ggml_type)
     if size < 0:
         check_decode_status("c.decode_int8", -size)
-    packed = np.empty(size, np.uint8)
+    packed = _page_aligned_empty(size)
     check_decode_status(
         "c.decode_int8",
         lib.matmul_decode_int8_pack(
