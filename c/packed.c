@@ -208,7 +208,8 @@ static void vector_task(void *context, int64_t part) {
 
 /* A[i0 : i0+mc, p0 : p0+kc] into ceil(mc / MR) micro-panels of MR x kc, each p-major (the
  * MR values of one column together, the order the kernel broadcasts them), rows past the
- * matrix's edge zero. */
+ * matrix's edge zero. Element by element; a kernel may bring its own (packed_kernel.pack_a:
+ * packed_avx512.c transposes blocks in registers). */
 static void pack_a(const real *A, int64_t K, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int64_t mr,
                    real *restrict out) {
     for (int64_t ir = 0; ir < mc; ir += mr) {
@@ -368,7 +369,10 @@ static void run_block(const struct nest_job *job, int64_t m0, int64_t m1, int64_
             pack_b(job->B, job->N, jc, nc, pc, kc, b.nr, b_pack);
             for (int64_t ic = m0; ic < m1; ic += b.mc) {
                 const int64_t mc = min_i64(b.mc, m1 - ic);
-                pack_a(job->A, job->K, ic, mc, pc, kc, b.mr, a_pack);
+                if (job->kernel->pack_a)
+                    job->kernel->pack_a(job->A, job->K, ic, mc, pc, kc, a_pack);
+                else
+                    pack_a(job->A, job->K, ic, mc, pc, kc, b.mr, a_pack);
                 if (job->rows_first) {
                     for (int64_t ir = 0; ir < mc; ir += b.mr)
                         for (int64_t jr = 0; jr < nc; jr += b.nr)

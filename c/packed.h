@@ -66,10 +66,14 @@ typedef void (*packed_kernel_fn)(int64_t kc, const void *Ap, const void *Bp, voi
 typedef void (*packed_direct_fn)(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
                                  int64_t ldc, int64_t m, int64_t n);
 
+/* A[i0 : i0+mc, p0 : p0+kc] (row stride K) into the kernel's micro-panels (packed.c: pack_a) */
+typedef void (*packed_pack_a_fn)(const void *A, int64_t K, int64_t i0, int64_t mc, int64_t p0, int64_t kc, void *out);
+
 struct packed_kernel {
     int mr, nr; /* the register tile of C */
     packed_kernel_fn run;
     packed_direct_fn direct;
+    packed_pack_a_fn pack_a; /* NULL: packed.c's pack_a, element by element */
 };
 
 /* packed_portable.c: plain C, compiles for any target. */

@@ -210,6 +210,6 @@ AVX2 static void direct(int64_t k, const void *A, int64_t lda, const void *B, in
         direct_rows(0, k, A, lda, B, ldb, C, ldc, m, n);
 }
 
-const struct packed_kernel TYPED(packed_avx2) = {MR, NR, kernel, direct};
+const struct packed_kernel TYPED(packed_avx2) = {MR, NR, kernel, direct, NULL};
 
 #endif

@@ -67,4 +67,4 @@ static void direct(int64_t k, const void *A_, int64_t lda, const void *B_, int64
     TYPED(packed_store_edge)(&c[0][0], NR, C, ldc, m, n, 0);
 }
 
-const struct packed_kernel TYPED(packed_portable) = {MR, NR, kernel, direct};
+const struct packed_kernel TYPED(packed_portable) = {MR, NR, kernel, direct, NULL};
