@@ -32,17 +32,17 @@
  *
  * vpdpbusd multiplies unsigned by signed bytes, so one side of each product goes in shifted to
  * be unsigned and the shift comes back out exactly. q4_0 takes W's nibbles as they are,
- * n = w + 8 (unsigned), times x (signed, vpdpbusd's memory operand straight from X's copy), and
- * each block's lane starts from -8 times the sum of its activations (once per call, with X's
- * quantization). q8_0's weights are signed, so there the activations go in as x + 128 (stored
- * so by the quantizer) and each lane starts from -128 times the sum of its weights (one
- * vpdpbusd per group of W, shared by every row of X). Both end at exactly sum (w * x). (q4_0
- * took q8_0's roles until the nibbles were made the unsigned side, which spares the
+ * n = w + 8 (unsigned), times x (signed, vpdpbusd's memory operand straight from X's copy),
+ * and each block's lane starts from -8 times the sum of its activations (once per call, with
+ * X's quantization). q8_0's weights are signed, so there the activations go in as x + 128
+ * (stored so by the quantizer) and each lane starts from -128 times the sum of its weights
+ * (one vpdpbusd per group of W, shared by every row of X). Both end at exactly sum (w * x).
+ * (q4_0 took q8_0's roles until the nibbles were made the unsigned side, which spares the
  * weights' sums and an add per row of X: on one thread of a Zen 5, M x 4096 x 4096 with W in
- * cache, about 12% faster at M = 4 and 16.) AVX2's vpmaddubsw (unsigned times signed bytes, pairs summed in int16)
- * takes X as it is, signed: for q4_0 the unsigned nibbles times x, with the same -8 offset,
- * cannot saturate; for q8_0, x + 128 times w would, so it takes the weights as |w| with w's
- * sign moved onto x (vpsignb), as llama.cpp does.
+ * cache, about 12% faster at M = 4 and 16.) AVX2's vpmaddubsw (unsigned times signed bytes,
+ * pairs summed in int16) takes X as it is, signed: for q4_0 the unsigned nibbles times x, with
+ * the same -8 offset, cannot saturate; for q8_0, x + 128 times w would, so it takes the
+ * weights as |w| with w's sign moved onto x (vpsignb), as llama.cpp does.
  *
  * Variants: portable C, AVX2 and AVX-512 VNNI (512-bit; AVX512_VNNI and AVX512BW), chosen at
  * run time. Each Y element is one fixed float32 sequence over its blocks whatever thread,

@@ -25,6 +25,8 @@
 #if PACKED_HAVE_X86
 #include <immintrin.h>
 
+#include "transpose_avx512.h"
+
 #define AVX512 __attribute__((target("avx512f")))
 #define INLINE static inline __attribute__((always_inline))
 
@@ -235,29 +237,21 @@ AVX512 static void direct(int64_t k, const void *A, int64_t lda, const void *B, 
 
 /* ---- packing A: a transpose in registers ---------------------------------------------------- */
 
-/* The transpose's last two stages, shared by both types: four vectors, each holding four
- * 128-bit lanes of pieces of columns (lane L of u[g] a piece of the columns numbered from L),
- * recombined so that out[0..3] each hold one column's four pieces in row order. u[0], u[1]: the
- * first and second groups of rows' pieces; u[2], u[3]: the third and fourth. */
 #if defined(MATMUL_REAL_DOUBLE)
-#define SHUFFLE_LANES _mm512_shuffle_f64x2
-#else
-#define SHUFFLE_LANES _mm512_shuffle_f32x4
-#endif
-AVX512 INLINE void gather_lanes(const vec u0, const vec u1, const vec u2, const vec u3, vec out[4]) {
-    const vec x_even = SHUFFLE_LANES(u0, u1, 0x88), x_odd = SHUFFLE_LANES(u0, u1, 0xdd); /* lanes 0, 2 / 1, 3 */
-    const vec y_even = SHUFFLE_LANES(u2, u3, 0x88), y_odd = SHUFFLE_LANES(u2, u3, 0xdd);
-    out[0] = SHUFFLE_LANES(x_even, y_even, 0x88); /* lane 0 of each */
-    out[1] = SHUFFLE_LANES(x_odd, y_odd, 0x88);   /* lane 1 */
-    out[2] = SHUFFLE_LANES(x_even, y_even, 0xdd); /* lane 2 */
-    out[3] = SHUFFLE_LANES(x_odd, y_odd, 0xdd);   /* lane 3 */
+/* The float64 transpose's last two stages: transpose_avx512.h's transpose_lanes, which moves
+ * whole 128-bit lanes (here two doubles each) whatever they hold. */
+AVX512 INLINE void transpose_lanes_f64(const vec u0, const vec u1, const vec u2, const vec u3, vec out[4]) {
+    __m512 lanes[4];
+    transpose_lanes(_mm512_castpd_ps(u0), _mm512_castpd_ps(u1), _mm512_castpd_ps(u2), _mm512_castpd_ps(u3), lanes);
+    for (int L = 0; L < 4; ++L) out[L] = _mm512_castps_pd(lanes[L]);
 }
+#endif
 
 /* A[i0 : i0+mc, p0 : p0+kc] into MR x kc micro-panels, p-major, rows past the matrix zero:
- * packed.c's pack_a, a block of VEC_LANES columns at a time. Each row's piece is one load
- * (masked past kc), the block is transposed in registers, and each column goes out as one
- * masked store of MR values, and each row is read ahead by hand (the MR rows are MR streams,
- * K apart, too many for the prefetcher to follow). Element by element, with a row of A's
+ * packed.c's pack_a, a block of VEC_LANES columns at a time: each row's piece is one load
+ * (masked past kc), read ahead by hand (the MR rows are MR streams K apart, too many for the
+ * prefetcher to follow); the block is transposed in registers; each column goes out as one
+ * masked store of MR values. Element by element, with a row of A's
  * stride between the loads, this packing took 4-5% of the time at 512^3 in float32 on one
  * thread of a Zen 5, about 2% now; whole products at 384^3 to 2048^3, float32 and float64,
  * ran 3-7% faster (medians of 11 interleaved). */
@@ -267,7 +261,7 @@ AVX512 static void pack_a(const void *A_, int64_t K, int64_t i0, int64_t mc, int
     const real *A = A_;
     real *out = out_;
     enum { ROWS = 16 }; /* MR rounded up to the transpose's 16 rows (float32) or two blocks of 8 (float64) */
-    _Static_assert(MR <= ROWS, "the transpose takes up to 16 rows");
+    _Static_assert((int)MR <= (int)ROWS, "the transpose takes up to 16 rows");
     for (int64_t ir = 0; ir < mc; ir += MR, out += MR * kc) {
         const int64_t rows = mc - ir < MR ? mc - ir : MR;
         const real *src = A + (i0 + ir) * K + p0;
@@ -292,30 +286,12 @@ AVX512 static void pack_a(const void *A_, int64_t K, int64_t i0, int64_t mc, int
                 }
                 for (int j = 0; j < 2; ++j) {
                     vec four[4]; /* columns j, 2 + j, 4 + j, 6 + j */
-                    gather_lanes(t[j], t[2 + j], t[4 + j], t[6 + j], four);
+                    transpose_lanes_f64(t[j], t[2 + j], t[4 + j], t[6 + j], four);
                     for (int L = 0; L < 4; ++L) column[8 * half + 2 * L + j] = four[L];
                 }
             }
 #else
-            vec t[16], u[16]; /* lane L of u[4g + j]: column 4L + j, rows 4g .. 4g + 3 */
-#pragma GCC unroll 8
-            for (int g = 0; g < 8; ++g) {
-                t[2 * g] = _mm512_unpacklo_ps(r[2 * g], r[2 * g + 1]);
-                t[2 * g + 1] = _mm512_unpackhi_ps(r[2 * g], r[2 * g + 1]);
-            }
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; ++g) {
-                u[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-                u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
-                u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-                u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
-            }
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j) {
-                vec four[4]; /* columns j, 4 + j, 8 + j, 12 + j */
-                gather_lanes(u[j], u[4 + j], u[8 + j], u[12 + j], four);
-                for (int L = 0; L < 4; ++L) column[4 * L + j] = four[L];
-            }
+            transpose_16x16_words(r, column);
 #endif
             real *to = out + p * MR;
             for (int64_t c = 0; c < cols; ++c, to += MR) {
