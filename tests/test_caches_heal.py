@@ -278,6 +278,7 @@ def test_the_roof_bounds_follow_the_clock_and_the_simd_width(roof_cache, monkeyp
     # 3 GHz x 8 lanes x 2 FLOPs x 2 FMA units, and 3 loads of 32 bytes a cycle, with 25% to spare
     assert machine.roof_bound("float32") == pytest.approx(1.25 * 96)
     assert machine.roof_bound("float64") == pytest.approx(1.25 * 48)
+    assert machine.roof_bound("int8_gops") == pytest.approx(1.25 * 384)  # 32 bytes, 2 ops, 2 units
     assert machine.roof_bound("read_gbps") == pytest.approx(1.25 * 288)
     assert machine.roof_bound("read_gbps_4_threads") == pytest.approx(4 * 1.25 * 288)
     roof_cache.parent.mkdir(parents=True)

@@ -191,8 +191,19 @@ def test_the_int8_roof_is_measured_within_what_the_core_allows():
         pytest.skip("no int8 SIMD instruction the roof measures on this CPU")
     roof = machine.measured_int8_roof()
     assert roof is not None and 0 < roof["median"] <= roof["best"]
-    bound = machine.roof_bound("int8_gops")
-    assert bound is None or roof["best"] <= bound
     # at least the FMA roof's float32 rate: a byte product is never slower than a float one
     fma = machine.measured_fma_roofs()
     assert fma is None or roof["best"] >= 0.5 * fma["float32"]["best"]
+    # and at most what the core allows: roof_bound's clock x SIMD bytes x 2 x FMA units (its
+    # formula is tested with a fixed clock in test_caches_heal.py), which is 4x the float32 FMA
+    # rate on the same pipes. Measured against the FMA loop run beside it, not against a clock
+    # measured at another moment: a busy machine measures its clock low (2.8 GHz for 3.8 in one
+    # run of the full tier here), and the bound with it.
+    from harness.backends.c import clib
+
+    ffi, lib = clib.load()
+    int8_now = fma_now = 0.0
+    for _ in range(2):  # interleaved, each the best of its trials
+        fma_now = max(fma_now, lib.matmul_measure_fma_gflops(4, 15, ffi.NULL))
+        int8_now = max(int8_now, lib.matmul_measure_int8_gops(15, ffi.NULL))
+    assert 0 < int8_now <= machine.BOUND_MARGIN * 4 * fma_now
