@@ -15,7 +15,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.backends.c import VARIANTS, CCall, clib, resolved_variant, supported_variants, thread_option, variants_text
+from harness.backends.c import (
+    VARIANTS,
+    CCall,
+    aligned_empty,
+    clib,
+    resolved_variant,
+    supported_variants,
+    thread_option,
+    variants_text,
+)
 from harness.env.sources import load_python_source
 from harness.model.core import Backend, BrokenError, Implementation, MatmulInputError, Prepared
 from harness.model.quant import FORMATS, QuantizedWeights, quantize
@@ -130,14 +139,6 @@ def check_decode_status(name: str, code: int) -> None:
 PACKED_ALIGNMENT = 4096
 
 
-def _page_aligned_empty(nbytes: int) -> np.ndarray:
-    """An uninitialised uint8 array of ``nbytes`` whose data starts on a PACKED_ALIGNMENT boundary
-    (a view into a slightly larger allocation, which it keeps alive as its base)."""
-    raw = np.empty(nbytes + PACKED_ALIGNMENT, np.uint8)
-    offset = (-raw.ctypes.data) % PACKED_ALIGNMENT
-    return raw[offset : offset + nbytes]
-
-
 def pack_int8_weights(w: QuantizedWeights) -> np.ndarray:
     """W's bytes in the layout c/decode_int8.c's kernels read (matmul_decode_int8_pack: tiles of
     4 rows, chunks of 4 blocks; the same bytes, moved), a new array."""
@@ -146,7 +147,7 @@ def pack_int8_weights(w: QuantizedWeights) -> np.ndarray:
     size = lib.matmul_decode_int8_packed_bytes(w.n, w.k, ggml_type)
     if size < 0:
         check_decode_status("c.decode_int8", -size)
-    packed = _page_aligned_empty(size)
+    packed = aligned_empty(size, PACKED_ALIGNMENT)
     check_decode_status(
         "c.decode_int8",
         lib.matmul_decode_int8_pack(

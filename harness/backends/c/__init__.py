@@ -35,15 +35,21 @@ ALIGNED_OUTPUT_BYTES = 1 << 20
 CACHE_LINE = 64
 
 
+def aligned_empty(nbytes: int, alignment: int) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` whose data starts on an ``alignment``-byte
+    boundary: a view into a slightly larger allocation, which it keeps alive as its base."""
+    raw = np.empty(nbytes + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start : start + nbytes]
+
+
 def empty_output(m: int, n: int, dtype: np.dtype) -> np.ndarray:
     """An uninitialised C-contiguous (m, n) array for a kernel to overwrite; cache-line
     aligned when it is large enough for that to pay (ALIGNED_OUTPUT_BYTES)."""
     nbytes = m * n * dtype.itemsize
     if nbytes < ALIGNED_OUTPUT_BYTES:
         return np.empty((m, n), dtype)
-    raw = np.empty(nbytes + CACHE_LINE, np.uint8)
-    start = -raw.ctypes.data % CACHE_LINE
-    return raw[start : start + nbytes].view(dtype).reshape(m, n)
+    return aligned_empty(nbytes, CACHE_LINE).view(dtype).reshape(m, n)
 
 
 # A call that may run longer than this, at the fastest its kernel goes (each backend's
