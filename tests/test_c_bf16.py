@@ -6,6 +6,8 @@ with the reason, on a CPU with neither AVX512_BF16 nor AMX-BF16."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -72,6 +74,23 @@ def test_same_bits_for_every_thread_count(variant):
         assert harness.check(results[1], a, b).passed
         for threads, result in results.items():
             np.testing.assert_array_equal(result.view(np.uint16), results[1].view(np.uint16), err_msg=f"{threads}")
+
+
+@needs_bf16
+@pytest.mark.parametrize("variant", _variants())
+def test_safe_from_several_python_threads_at_once(variant):
+    # cffi releases the GIL, so these calls overlap: a call that finds the pool busy runs its
+    # parts one after another on its own thread, where parts that share one packed B must
+    # still finish (the first packs it all) and give the same bits.
+    shapes = [Shape(150 + 37 * i, 120 + 23 * i, 100 + 61 * i) for i in range(10)]
+    inputs = [harness.make_inputs(s, "bfloat16", seed=i) for i, s in enumerate(shapes)]
+    matmul = harness.get("c.bf16", variant=variant, threads=2)
+    serial = [matmul(*ab) for ab in inputs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        parallel = list(pool.map(lambda ab: matmul(*ab), inputs))
+    for (a, b), one, other in zip(inputs, serial, parallel):
+        assert harness.check(other, a, b).passed
+        np.testing.assert_array_equal(one.view(np.uint16), other.view(np.uint16))
 
 
 @needs_bf16
