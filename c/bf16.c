@@ -479,7 +479,7 @@ AVX512BF16 static void pack_shared_b(struct bf16_job *job, uint16_t *b_pack) {
                job->sizes.b_piece, chunk * B_CHUNK_PAIRS, (chunk + 1) * B_CHUNK_PAIRS, b_pack);
         __atomic_fetch_add(&job->chunks_done, 1, __ATOMIC_RELEASE);
     }
-    while (__atomic_load_n(&job->chunks_done, __ATOMIC_ACQUIRE) < job->b_chunks) _mm_pause();
+    pool_wait_at_least(&job->chunks_done, job->b_chunks);
 }
 
 /* One part's block of C. All of its B is packed first, once (each A block then reads it from

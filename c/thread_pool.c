@@ -20,6 +20,7 @@
 #include "thread_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +45,9 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
  * 256^3 product's share. So both sides poll for up to SPIN_SECONDS before they sleep, as
  * OpenBLAS's threads do: the cost is a core kept busy that long after each product. */
 static const double SPIN_SECONDS = 0.005;
+
+/* pool_wait_at_least's pauses before it starts yielding its core (a few microseconds). */
+enum { WAIT_SPINS = 256 };
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -139,15 +143,9 @@ static int64_t ensure_workers(int64_t wanted) {
     return workers;
 }
 
-void pool_run(int64_t parts, pool_task_fn task, void *context) {
-    if (parts <= 1 || pthread_mutex_trylock(&busy) != 0) {
-        for (int64_t part = 0; part < parts; ++part) task(context, part);
-        return;
-    }
-    pthread_once(&atfork_once, register_atfork);
-    const int64_t helpers = ensure_workers(parts - 1);
-    const int64_t pooled = helpers + 1 < parts ? helpers + 1 : parts; /* parts 0 .. pooled-1 */
-
+/* Runs parts 0 .. pooled-1 on the caller and the workers, the rest on the caller after its own,
+ * and returns when all are done. Called holding `busy`, which it releases. */
+static void run_on_workers(int64_t parts, int64_t pooled, pool_task_fn task, void *context) {
     pthread_mutex_lock(&lock);
     job_task = task;
     job_context = context;
@@ -165,6 +163,40 @@ void pool_run(int64_t parts, pool_task_fn task, void *context) {
     while (remaining > 0) pthread_cond_wait(&done, &lock);
     pthread_mutex_unlock(&lock);
     pthread_mutex_unlock(&busy);
+}
+
+void pool_run(int64_t parts, pool_task_fn task, void *context) {
+    if (parts <= 1 || pthread_mutex_trylock(&busy) != 0) {
+        for (int64_t part = 0; part < parts; ++part) task(context, part);
+        return;
+    }
+    pthread_once(&atfork_once, register_atfork);
+    const int64_t helpers = ensure_workers(parts - 1);
+    run_on_workers(parts, helpers + 1 < parts ? helpers + 1 : parts, task, context);
+}
+
+int pool_run_together(int64_t parts, pool_task_fn task, void *context) {
+    if (parts <= 1) {
+        if (parts == 1) task(context, 0);
+        return 1;
+    }
+    if (parts > POOL_MAX_THREADS || pthread_mutex_trylock(&busy) != 0) return 0;
+    pthread_once(&atfork_once, register_atfork);
+    if (ensure_workers(parts - 1) + 1 < parts) {
+        pthread_mutex_unlock(&busy);
+        return 0;
+    }
+    run_on_workers(parts, parts, task, context);
+    return 1;
+}
+
+void pool_wait_at_least(const int64_t *counter, int64_t value) {
+    for (int64_t spins = 0; __atomic_load_n(counter, __ATOMIC_ACQUIRE) < value; ++spins) {
+        if (spins < WAIT_SPINS)
+            cpu_relax();
+        else
+            sched_yield(); /* more threads than cores: the one to wait for may need this core */
+    }
 }
 
 int64_t pool_threads_for(int64_t requested, double work, int64_t max_parts) {

@@ -21,6 +21,17 @@ typedef void (*pool_task_fn)(void *context, int64_t part);
 
 void pool_run(int64_t parts, pool_task_fn task, void *context);
 
+/* As pool_run, but only if every part can run on a thread of its own, all at once (the pool is
+ * free and has the workers): then its parts may wait for each other (pool_wait_at_least), and
+ * it returns 1 when all are done. Otherwise it runs nothing and returns 0, and the caller
+ * runs a plan whose parts do not wait for each other. */
+int pool_run_together(int64_t parts, pool_task_fn task, void *context);
+
+/* Waits until *counter (updated atomically by another part) is at least value: spinning a
+ * little, then yielding the core between looks. Its load acquires, so what the part that
+ * raised the counter wrote before raising it (with release) is visible after. */
+void pool_wait_at_least(const int64_t *counter, int64_t value);
+
 enum {
     /* The most threads one call runs on: the caller and POOL_MAX_THREADS - 1 workers (parts
      * beyond them run on the caller, after its own). */
