@@ -221,15 +221,18 @@ AVX512BF16 static void pack_b(const uint16_t *B, int64_t N, int64_t K, int64_t n
             const int64_t k = 2 * r;
             const int have0 = k < kc, have1 = k + 1 < kc; /* past kc: the zero padding */
             const uint16_t *row0 = have0 ? B + (p0 + k) * N + n0 : B, *row1 = have1 ? row0 + N : B;
-            for (int64_t j = 0; j < width; j += 32) {
-                const int64_t cols = min_i64(32, width - j);
-                const __mmask32 mask = cols == 32 ? ~(__mmask32)0 : (((__mmask32)1 << cols) - 1);
-                const __m512i x0 = have0 ? _mm512_maskz_loadu_epi16(mask, row0 + j) : _mm512_setzero_si512();
-                const __m512i x1 = have1 ? _mm512_maskz_loadu_epi16(mask, row1 + j) : _mm512_setzero_si512();
-                const int64_t panel = j / nc_block, column = j % nc_block;
-                uint16_t *s0 = out + (panel * pieces + q) * piece + column / 16 * strip + r * 32;
-                _mm512_store_si512(s0, _mm512_permutex2var_epi16(x0, lo, x1));
-                _mm512_store_si512(s0 + strip, _mm512_permutex2var_epi16(x0, hi, x1));
+            /* panel by panel: a division per 32 columns to find the panel took 40% of the time */
+            for (int64_t j0 = 0, panel = 0; j0 < width; j0 += nc_block, ++panel) {
+                uint16_t *strips = out + (panel * pieces + q) * piece + r * 32;
+                for (int64_t j = j0; j < min_i64(width, j0 + nc_block); j += 32) {
+                    const int64_t cols = min_i64(32, width - j);
+                    const __mmask32 mask = cols == 32 ? ~(__mmask32)0 : (((__mmask32)1 << cols) - 1);
+                    const __m512i x0 = have0 ? _mm512_maskz_loadu_epi16(mask, row0 + j) : _mm512_setzero_si512();
+                    const __m512i x1 = have1 ? _mm512_maskz_loadu_epi16(mask, row1 + j) : _mm512_setzero_si512();
+                    uint16_t *s0 = strips + (j - j0) / 16 * strip;
+                    _mm512_store_si512(s0, _mm512_permutex2var_epi16(x0, lo, x1));
+                    _mm512_store_si512(s0 + strip, _mm512_permutex2var_epi16(x0, hi, x1));
+                }
             }
         }
     }
