@@ -100,11 +100,11 @@ static const double DIRECT_MAX_FMAS = 256.0 * 256.0 * 256.0;
 /* Up to this many rows of A, the loop nest packs B in whole rows (see loop_nest). */
 enum { STREAM_B_MAX_M = 16 };
 
-/* ... and there KC is shortened to fit the whole-row panel, but no further than this (nor past
- * the usual KC): below it each C tile is read and written back after too few FMAs. At 16 x 4096
- * x 4096, where a whole row of B in float64 allowed only KC = 16, a floor of 128 took one thread
- * from 0.74-0.86x to 0.92-1.01x NumPy's speed on an AMD EPYC Zen 5 (float32 at 4 x 14336 x 4096:
- * 1.50x to 1.65x), the panel then being cut into NC-wide pieces along N. */
+/* ... and there KC is shortened as if the whole-row panel were to fit in half of L2, but no
+ * further than this (nor past the usual KC): below it each C tile is read and written back
+ * after too few FMAs. At 16 x 4096 x 4096, where a whole row of B in float64 allowed only
+ * KC = 16, a floor of 128 took one thread from 0.74-0.86x to 0.92-1.01x NumPy's speed on an
+ * AMD EPYC Zen 5 (float32 at 4 x 14336 x 4096: 1.50x to 1.65x). */
 enum { STREAM_B_MIN_KC = 128 };
 
 /* ---- M = 1: y = a B, streaming B ----------------------------------------------------------- */
@@ -231,15 +231,24 @@ static void pack_a(const real *A, int64_t K, int64_t i0, int64_t mc, int64_t p0,
  * Eight rows at a time, piece by piece: the rows are N apart, so each is its own stream from
  * memory, and with one row at a time every row waits for its first lines to arrive; eight
  * in flight keep the memory system busy. 64 x 4096 x 4096 float64, one thread, medians of 11
- * interleaved: 13% faster than one row at a time, 16 x 4096 x 4096 26% (16 rows: no better). */
-enum { PACK_B_ROWS = 8 };
+ * interleaved: 13% faster than one row at a time, 16 x 4096 x 4096 26% (16 rows: no better).
+ * Each row is also read ahead by hand, PACK_B_AHEAD bytes past the sliver being copied: the
+ * hardware's prefetcher follows a stream only within a 4 KiB page, and a row piece of a panel
+ * is a page or less, so each one started cold (on a Zen 5, one thread, interleaved: 64 x 4096
+ * x 4096 1.02x faster in float64 and 1.04x in float32, 2048^3 float32 1.01x; 256 to 1024
+ * bytes ahead alike; the small-M panels below gain more). */
+enum { PACK_B_ROWS = 8, PACK_B_AHEAD = 512 };
 
 static inline __attribute__((always_inline)) void pack_b_row_group(const real *src, int64_t N, int64_t nc, int64_t kc,
                                                                    const int64_t nr, const int rows,
                                                                    real *restrict dst) {
     int64_t jr = 0;
     for (; jr + nr <= nc; jr += nr, src += nr, dst += kc * nr)
-        for (int r = 0; r < rows; ++r) memcpy(dst + r * nr, src + r * N, (size_t)nr * sizeof(real));
+        for (int r = 0; r < rows; ++r) {
+            for (int64_t byte = 0; byte < nr * (int64_t)sizeof(real); byte += 64)
+                __builtin_prefetch((const char *)(src + r * N) + PACK_B_AHEAD + byte, 0, 3);
+            memcpy(dst + r * nr, src + r * N, (size_t)nr * sizeof(real));
+        }
     if (jr < nc) {
         const int64_t used = nc - jr;
         for (int r = 0; r < rows; ++r) {
@@ -516,17 +525,19 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
     }
     if (M <= STREAM_B_MAX_M) {
         /* A few rows of A: each element of B is used by so few FMAs that the pass over B is
-         * the work. Pack B in panels of whole rows (each row of B read in one contiguous
-         * stream rather than in NC-wide pieces, each a new stream for the prefetcher), with
-         * KC shortened so that the panel still fits in half of L2 (down to STREAM_B_MIN_KC;
-         * past that, panels of fewer columns). It wins up to STREAM_B_MAX_M rows and loses
-         * beyond (the small-M shapes of blas-grid). KC depends on the shape here, never on
-         * the thread count. */
+         * the work. Pack B in panels of whole rows, up to the usual NC (each row of B read in
+         * one long stream rather than in L2-sized pieces, each a new stream for the
+         * prefetcher), with KC shortened to what would keep a whole-row panel in half of L2
+         * (down to STREAM_B_MIN_KC). The panel then lives in L3 when the rows are long, and
+         * still that wins. On a Zen 5, float64, this with B read ahead (pack_b_row_group) took
+         * 2, 4, 8 and 16 x 4096 x 4096 from 0.90-0.97x NumPy's speed to 1.06-1.16x on one
+         * thread (0.99-1.15x to 1.11-1.25x on two); KC = 64 or 256 did no better, 384 worse.
+         * It wins up to STREAM_B_MAX_M rows and loses beyond (the small-M shapes of blas-grid).
+         * KC depends on the shape here, never on the thread count. */
         const int64_t es = (int64_t)sizeof(real), half_l2 = packed_cache_sizes().l2 / 2;
         const int64_t floor_kc = min_i64(job.blk.kc, STREAM_B_MIN_KC);
         job.blk.kc = max_i64(floor_kc, min_i64(job.blk.kc, half_l2 / (N * es) / 8 * 8));
-        job.blk.nc = max_i64(job.blk.nr,
-                             min_i64(round_up(N, job.blk.nr), half_l2 / (job.blk.kc * es) / job.blk.nr * job.blk.nr));
+        job.blk.nc = min_i64(round_up(N, job.blk.nr), packed_blocking_for(kernel, sizeof(real)).nc);
     }
     job.a_bytes = (size_t)(round_up(min_i64(job.blk.mc, block_m), job.blk.mr) * job.blk.kc) * sizeof(real);
     job.b_bytes = (size_t)(round_up(min_i64(job.blk.nc, block_n), job.blk.nr) * job.blk.kc) * sizeof(real);
