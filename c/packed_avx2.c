@@ -210,6 +210,76 @@ AVX2 static void direct(int64_t k, const void *A, int64_t lda, const void *B, in
         direct_rows(0, k, A, lda, B, ldb, C, ldc, m, n);
 }
 
-const struct packed_kernel TYPED(packed_avx2) = {MR, NR, kernel, direct, NULL};
+/* ---- packing A ---------------------------------------------------------------------------- */
+
+/* A[i0 : i0+mc, p0 : p0+kc] into MR x kc micro-panels, p-major, rows past the matrix zero:
+ * packed.c's pack_a, a block of VEC_LANES columns of the 6 rows at a time: each row's piece is
+ * one load, read ahead by hand (the rows are 6 streams K apart); the block is transposed in
+ * registers; each column goes out as two stores, 4 + 2 values. Columns past the last whole
+ * block, and a last micro-panel of fewer than 6 rows, go element by element. (packed_avx512.c
+ * does the same for its 14 rows; element by element this packing was 4-5% of a 512^3 product.) */
+enum { PACK_A_AHEAD = 512 }; /* bytes ahead along each row of A */
+_Static_assert(MR == 6, "pack_a transposes blocks of 6 rows");
+
+AVX2 static void pack_a(const void *A_, int64_t K, int64_t i0, int64_t mc, int64_t p0, int64_t kc, void *out_) {
+    const real *A = A_;
+    real *out = out_;
+    for (int64_t ir = 0; ir < mc; ir += MR, out += MR * kc) {
+        const int64_t rows = mc - ir < MR ? mc - ir : MR;
+        const real *src = A + (i0 + ir) * K + p0;
+        int64_t p = 0;
+        for (; rows == MR && p + VEC_LANES <= kc; p += VEC_LANES) {
+            vec r[MR];
+#pragma GCC unroll 6
+            for (int i = 0; i < MR; ++i) {
+                _mm_prefetch((const char *)(src + i * K + p) + PACK_A_AHEAD, _MM_HINT_T0);
+                r[i] = vec_loadu(src + i * K + p);
+            }
+            real *to = out + p * MR;
+#if defined(MATMUL_REAL_DOUBLE)
+            /* t[2g]: rows 2g and 2g + 1 of columns 0 and 2 (a 128-bit half each), t[2g + 1] of 1 and 3 */
+            __m256d t[MR];
+#pragma GCC unroll 3
+            for (int g = 0; g < 3; ++g) {
+                t[2 * g] = _mm256_unpacklo_pd(r[2 * g], r[2 * g + 1]);
+                t[2 * g + 1] = _mm256_unpackhi_pd(r[2 * g], r[2 * g + 1]);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c, to += MR) {
+                const int j = c & 1, high = c >> 1; /* column c: pair j of 128-bit half `high` */
+                _mm256_storeu_pd(to, _mm256_permute2f128_pd(t[j], t[2 + j], high ? 0x31 : 0x20)); /* rows 0-3 */
+                _mm_storeu_pd(to + 4, high ? _mm256_extractf128_pd(t[4 + j], 1) : _mm256_castpd256_pd128(t[4 + j]));
+            }
+#else
+            /* unpack: t[2g] = rows 2g, 2g + 1 interleaved over columns 0, 1 | 4, 5; t[2g + 1] over 2, 3 | 6, 7 */
+            __m256 t[MR];
+#pragma GCC unroll 3
+            for (int g = 0; g < 3; ++g) {
+                t[2 * g] = _mm256_unpacklo_ps(r[2 * g], r[2 * g + 1]);
+                t[2 * g + 1] = _mm256_unpackhi_ps(r[2 * g], r[2 * g + 1]);
+            }
+            /* u[c % 4]: rows 0-3 of column c in 128-bit half c / 4 */
+            const __m256 u[4] = {_mm256_shuffle_ps(t[0], t[2], 0x44), _mm256_shuffle_ps(t[0], t[2], 0xee),
+                                 _mm256_shuffle_ps(t[1], t[3], 0x44), _mm256_shuffle_ps(t[1], t[3], 0xee)};
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; ++c, to += MR) {
+                const int high = c >= 4, q = c & 3; /* rows 4-5: 64-bit piece q & 1 of t[4 + q / 2]'s half */
+                const __m128 upper = high ? _mm256_extractf128_ps(u[q], 1) : _mm256_castps256_ps128(u[q]);
+                const __m256 pair = t[4 + q / 2];
+                const __m128 lower = high ? _mm256_extractf128_ps(pair, 1) : _mm256_castps256_ps128(pair);
+                _mm_storeu_ps(to, upper);
+                if (q & 1)
+                    _mm_storeh_pi((__m64 *)(void *)(to + 4), lower);
+                else
+                    _mm_storel_pi((__m64 *)(void *)(to + 4), lower);
+            }
+#endif
+        }
+        for (; p < kc; ++p)
+            for (int64_t i = 0; i < MR; ++i) out[p * MR + i] = i < rows ? src[i * K + p] : 0;
+    }
+}
+
+const struct packed_kernel TYPED(packed_avx2) = {MR, NR, kernel, direct, pack_a};
 
 #endif
