@@ -523,6 +523,9 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
         const int64_t l2_nc = cache.l2 / 2 / (job.blk.kc * (int64_t)sizeof(real)) / job.blk.nr * job.blk.nr;
         job.blk.nc = max_i64(job.blk.nr, min_i64(job.blk.nc, l2_nc));
     }
+    /* A longer KC where the CPU gains from it (packed_setup.c): by the shape alone, never the
+     * thread count, for KC fixes the rounding. */
+    if (K > job.blk.kc && M > job.blk.mc && !job.rows_first) job.blk.kc = job.blk.deep_kc;
     if (M <= STREAM_B_MAX_M) {
         /* A few rows of A: each element of B is used by so few FMAs that the pass over B is
          * the work. Pack B in panels of whole rows, up to the usual NC (each row of B read in
@@ -539,6 +542,14 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
         job.blk.kc = max_i64(floor_kc, min_i64(job.blk.kc, half_l2 / (N * es) / 8 * 8));
         job.blk.nc = min_i64(round_up(N, job.blk.nr), packed_blocking_for(kernel, sizeof(real)).nc);
     }
+    if (getenv("BAL")) {
+        const int64_t pieces = (K + job.blk.kc - 1) / job.blk.kc;
+        job.blk.kc = round_up((K + pieces - 1) / pieces, 8);
+    }
+    /* K in equal KC pieces (a multiple of 8 each, no longer than KC): a last piece of a few k
+     * would cost a whole pass over C (K = 1027 with KC = 512: 512 + 512 + 3). */
+    const int64_t pieces = (K + job.blk.kc - 1) / job.blk.kc;
+    job.blk.kc = round_up((K + pieces - 1) / pieces, 8);
     job.a_bytes = (size_t)(round_up(min_i64(job.blk.mc, block_m), job.blk.mr) * job.blk.kc) * sizeof(real);
     job.b_bytes = (size_t)(round_up(min_i64(job.blk.nc, block_n), job.blk.nr) * job.blk.kc) * sizeof(real);
     job.a_step = (size_t)round_up((int64_t)job.a_bytes, PACK_ALIGNMENT);

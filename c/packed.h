@@ -99,6 +99,7 @@ struct cache_sizes packed_cache_sizes(void);
 /* The block sizes of the loop nest (packed.c), derived from the cache sizes. */
 struct blocking {
     int64_t mr, nr, kc, mc, nc;
+    int64_t deep_kc; /* KC where K is longer than kc and M spans several A blocks (packed_setup.c) */
 };
 struct blocking packed_blocking_for(const struct packed_kernel *kernel, size_t elem_size);
 
