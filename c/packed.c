@@ -553,7 +553,10 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
     job.a_bytes = (size_t)(round_up(min_i64(job.blk.mc, block_m), job.blk.mr) * job.blk.kc) * sizeof(real);
     job.b_bytes = (size_t)(round_up(min_i64(job.blk.nc, block_n), job.blk.nr) * job.blk.kc) * sizeof(real);
     job.a_step = (size_t)round_up((int64_t)job.a_bytes, PACK_ALIGNMENT);
-    if (g->tm > 1) {
+    /* Rows first (small K), B is small next to C, and the parts, which would wait for each
+     * other at every panel, are better left to run apart (4096 x 4096 x 64 float64 on two
+     * threads: 0.7x NumPy's speed sharing, with the fresh C's page faults in between). */
+    if (g->tm > 1 && !job.rows_first) {
         if (!share_panels(&job, block_n)) return PACKED_ERR_MEMORY;
         if (pool_run_together(g->tm * g->tn, nest_task, &job)) return PACKED_OK;
         job.shared = NULL; /* the pool is busy or short of workers: each part packs its own B */
