@@ -247,7 +247,9 @@ AVX2 static void pack_a(const void *A_, int64_t K, int64_t i0, int64_t mc, int64
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c, to += MR) {
                 const int j = c & 1, high = c >> 1; /* column c: pair j of 128-bit half `high` */
-                _mm256_storeu_pd(to, _mm256_permute2f128_pd(t[j], t[2 + j], high ? 0x31 : 0x20)); /* rows 0-3 */
+                /* rows 0-3 (the immediate written out: unoptimized builds do not fold `high` into it) */
+                _mm256_storeu_pd(to, high ? _mm256_permute2f128_pd(t[j], t[2 + j], 0x31)
+                                          : _mm256_permute2f128_pd(t[j], t[2 + j], 0x20));
                 _mm_storeu_pd(to + 4, high ? _mm256_extractf128_pd(t[4 + j], 1) : _mm256_castpd256_pd128(t[4 + j]));
             }
 #else
