@@ -509,6 +509,7 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
                            .blk = packed_blocking_for(kernel, sizeof(real)),
                            .grid = make_grid(M, N, kernel->mr, kernel->nr, threads, (double)M * (double)N * (double)K)};
     const struct tile_grid *g = &job.grid;
+    const int64_t usual_nc = job.blk.nc; /* before the narrowing below */
     const int64_t block_m = (g->units_m + g->tm - 1) / g->tm * g->mr;
     const int64_t block_n = (g->units_n + g->tn - 1) / g->tn * g->nr;
     /* Small K: a C tile is written after only K steps of FMAs, so writing C is a large part
@@ -540,7 +541,7 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
         const int64_t es = (int64_t)sizeof(real), half_l2 = packed_cache_sizes().l2 / 2;
         const int64_t floor_kc = min_i64(job.blk.kc, STREAM_B_MIN_KC);
         job.blk.kc = max_i64(floor_kc, min_i64(job.blk.kc, half_l2 / (N * es) / 8 * 8));
-        job.blk.nc = min_i64(round_up(N, job.blk.nr), packed_blocking_for(kernel, sizeof(real)).nc);
+        job.blk.nc = min_i64(round_up(N, job.blk.nr), usual_nc);
     }
     if (getenv("BAL")) {
         const int64_t pieces = (K + job.blk.kc - 1) / job.blk.kc;
