@@ -701,6 +701,7 @@ def compare_group(spec: dict) -> int:
     import harness
     from harness.model.errors import MatmulInputError
     from harness.run import compare as comparing
+    from harness.run import machine
     from harness.run.results import Row
 
     shared_problem_class()  # (made from compare's own _Problem, before this replaces it)
@@ -708,6 +709,10 @@ def compare_group(spec: dict) -> int:
     group = Group(*(spec[field] for field in Group._fields))
     rows_file, phase_file, skip = Path(spec["rows"]), Path(spec["phase"]), spec.get("skip", {})
     done = set().union(*(rows_done(Path(f)) for f in [rows_file, *spec.get("prior", [])]))
+    # What harness.compare measures once per process (the clock, the FMA and read roofs: a second
+    # or more, several on a busy host) is measured here, outside the first row's time limit.
+    write_phase(phase_file, setup="the machine's description")
+    machine.machine_info()
     for shape, dtype, fmt, names in group_tasks(group):
         todo = [name for name in names if (name, str(shape), dtype, fmt) not in done]
         text = problem_text(shape, dtype, fmt)
