@@ -1,7 +1,7 @@
 # Tasks: `make test`, `make bench`, `make lint`, `make format`, `make gpu-check`.
 # Run them inside the environment the README's quick start makes (. .venv/bin/activate).
 PYTHON ?= python
-C_SOURCES := $(wildcard c/*.c c/*.h)
+C_SOURCES := $(wildcard c/*.c c/*.h) harness/backends/c/fast_call.c
 # cuda/ has a .clang-format of its own (`T* p` pointers, as the kernels write them)
 CUDA_SOURCES := $(wildcard cuda/*.cu cuda/*.h cuda/emu/*.h cuda/emu/include/*.h)
 GPU_OUT ?= gpu-out

@@ -28,6 +28,7 @@ def _fake_checkout(root):
     (root / clib.CALL_GLUE_SOURCE).parent.mkdir(parents=True)
     (root / "CMakeLists.txt").write_text("")
     (root / clib.CALL_GLUE_SOURCE).write_text("")  # generates the call glue the build compiles
+    (root / clib.FAST_CALL_SOURCE).write_text("")  # compiled beside it
     (root / "c" / "kernel.c").write_text("int kernel;\n")
     return root / "libmatmul.so"
 
@@ -39,7 +40,8 @@ def test_c_library_is_stale_when_a_source_changes(tmp_path):
     assert clib._is_stale(library, tmp_path)  # no stamp: a build that never finished
     clib.write_stamp(library, tmp_path)
     assert not clib._is_stale(library, tmp_path)
-    for edited in (tmp_path / "c" / "kernel.c", tmp_path / clib.CALL_GLUE_SOURCE, tmp_path / "CMakeLists.txt"):
+    inputs = ("c/kernel.c", clib.CALL_GLUE_SOURCE, clib.FAST_CALL_SOURCE, "CMakeLists.txt")
+    for edited in (tmp_path / name for name in inputs):
         before = edited.read_text()
         edited.write_text(before + "/* edited */\n")
         assert clib._is_stale(library, tmp_path), edited

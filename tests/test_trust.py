@@ -295,8 +295,8 @@ def test_the_library_is_called_through_the_compiled_glue_and_dlopen_still_works(
     assert clib.call_mode() == "compiled glue"
     copy = tmp_path / library.name
     shutil.copy(library, copy)  # no glue beside it
-    ffi, lib, mode = clib._load(str(copy))
-    assert mode == "dlopen"
+    ffi, lib, mode, fast_call = clib._load(str(copy))
+    assert mode == "dlopen" and fast_call is None, "the fast call is used only with the glue built beside it"
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.arange(12, dtype=np.float32).reshape(3, 4)
     c = np.empty((2, 4), np.float32)

@@ -52,12 +52,14 @@ def test_wheel_install_finds_every_source(tmp_path):
         "  'missing': [i.source for i in harness.implementations() if i.source and not "
         "s.source_path(i.source).is_file()],\n"
         "  'sources': [i.source for i in harness.implementations() if i.source],\n"
-        "  'call_mode': harness.backends.c.clib.call_mode(), 'build_isa': harness.backends.c.clib.build_isa()}))\n"
+        "  'call_mode': harness.backends.c.clib.call_mode(), 'build_isa': harness.backends.c.clib.build_isa(),\n"
+        "  'fast_call': harness.backends.c.clib.fast_call_type() is not None}))\n"
     )
     info = json.loads(_run([str(python), "-c", probe], cwd=elsewhere, env=env).stdout)
     assert Path(info["package"]).is_relative_to(site), info
     assert not info["checkout"] and not info["missing"] and info["sources"]
     assert info["call_mode"] == "compiled glue", info  # the wheel carries the call glue
+    assert info["fast_call"], info  # and the compiled common case of a call
     assert info["build_isa"] == [], info  # portable: plain x86-64, whatever CPU built it
 
     listing = _run([str(python), "-m", "harness", "list"], cwd=elsewhere, env=env).stdout

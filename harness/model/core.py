@@ -91,6 +91,13 @@ class Backend(ABC):
         work alone (no staging, no copy of the result). Default None: prepare, run, result."""
         return None
 
+    def fast_call(self, impl: "Implementation", options: Mapping[str, Any], max_elements: int):
+        """``fast(a, b) -> ndarray or None``: bind()'s call for the inputs of ``Matmul``'s common
+        case (``common_case`` says which), None for any others, with the checks compiled into it
+        (at small sizes Python's checks are a measurable part of the call). Default None:
+        ``Matmul`` checks in Python and makes bind()'s call."""
+        return None
+
     def peak_gflops(self, impl: "Implementation", dtype: str) -> float | None:
         """The peak FLOP rate a GPU row's % peak is taken against (CPU rows use the measured
         roof of the cores they ran on). Default None: no % peak."""
@@ -415,6 +422,37 @@ class EmptyProduct(Prepared):
         return self.product.copy()
 
 
+def common_case(call, dtypes: tuple[np.dtype, ...], max_elements: int):
+    """``fast(a, b)``: ``call(a, b)`` for the common case, None for any other inputs.
+
+    The common case: plain (not a subclass), C-contiguous, aligned, writeable (NumPy's "carray"
+    flag: a read-only input takes the full path) 2-D arrays of one of ``dtypes``, the same for
+    both, no dimension 0, K matching, and at most ``max_elements`` elements in A, B and C
+    together, so that the memory check cannot fail. It is what validate_inputs would pass
+    unchanged, so it needs no validation. (harness/backends/c/fast_call.c makes the same
+    checks in C.)"""
+
+    def fast(a, b):
+        if type(a) is np.ndarray and type(b) is np.ndarray:
+            dtype = a.dtype
+            shape_a, shape_b = a.shape, b.shape
+            if dtype is b.dtype and dtype in dtypes and len(shape_a) == 2 and len(shape_b) == 2:
+                (m, k), (k_b, n) = shape_a, shape_b
+                if (
+                    k == k_b
+                    and m
+                    and n
+                    and k
+                    and m * k + k * n + m * n <= max_elements
+                    and a.flags.carray
+                    and b.flags.carray
+                ):
+                    return call(a, b)
+        return None
+
+    return fast
+
+
 class Matmul:
     """``harness.get(name)``: an implementation callable on two NumPy arrays.
 
@@ -433,7 +471,7 @@ class Matmul:
             )
         self.options = {**impl.options, **options}
         self._call = None  # the backend's bound call, made on first use
-        self._fast = None  # (bound call, dtypes, max elements) for the fast path, made on first use
+        self._fast = None  # fast(a, b) -> product, or None off the common case; made on first use
 
     def __repr__(self) -> str:
         return f"<matmul {self.impl.name}: {self.impl.summary}>"
@@ -466,27 +504,10 @@ class Matmul:
         fast = self._fast
         if fast is None:
             fast = self._fast_path()
-        if fast and type(a) is np.ndarray and type(b) is np.ndarray:
-            # The common case, which users time at small sizes: plain, C-contiguous, aligned,
-            # writeable (numpy's "carray" flag; a read-only input takes the full path) 2-D
-            # arrays of one supported native dtype, no dimension 0, small enough that the
-            # memory check cannot fail. It is what validate_inputs would pass unchanged, so
-            # it goes straight to the backend's bound call; anything else takes the full path.
-            call, dtypes, max_elements = fast
-            dtype = a.dtype
-            shape_a, shape_b = a.shape, b.shape
-            if dtype is b.dtype and dtype in dtypes and len(shape_a) == 2 and len(shape_b) == 2:
-                (m, k), (k_b, n) = shape_a, shape_b
-                if (
-                    k == k_b
-                    and m
-                    and n
-                    and k
-                    and m * k + k * n + m * n <= max_elements
-                    and a.flags.carray
-                    and b.flags.carray
-                ):
-                    return call(a, b)
+        if fast:
+            c = fast(a, b)
+            if c is not None:
+                return c
         a, b = validate_inputs(self.impl, a, b, self.allow_slow)  # once: the call path is timed by users
         if 0 not in a.shape and 0 not in b.shape:
             call = self._bound_call()
@@ -497,8 +518,10 @@ class Matmul:
         return check_result(self.impl, prepared.result(), a, b)
 
     def _fast_path(self):
-        """What the fast path of __call__ needs, or False for implementations whose checks
-        depend on more than dtype, shape and memory (GEMV-only, multiples, FLOP limits,
+        """``fast(a, b)``: the product for inputs of the common case, which users time at small
+        sizes, None for any others (they take the full path); the backend's compiled one, or
+        ``common_case`` checked in Python before its bound call. False for implementations whose
+        checks depend on more than dtype, shape and memory (GEMV-only, multiples, FLOP limits,
         non-CPU devices) or that have no bound call."""
         impl = self.impl
         simple = impl.device == "cpu" and impl.operation != "gemv" and impl.multiple_of <= 1 and impl.max_flops is None
@@ -518,7 +541,10 @@ class Matmul:
                 pass
         # problem_bytes is at most (itemsize + 16) bytes per element of A, B and C: below
         # this many elements the problem fits in memory whatever the dtype.
-        self._fast = (call, tuple(dtypes), memory // 24)
+        max_elements = memory // 24
+        self._fast = impl.backend.fast_call(impl, self.options, max_elements) or common_case(
+            call, tuple(dtypes), max_elements
+        )
         return self._fast
 
     def _bound_call(self):

@@ -51,6 +51,8 @@ from harness.backends.c import call_glue
 from harness.env import cache, files, sources
 
 CALL_GLUE_SOURCE = "harness/backends/c/call_glue.py"  # relative to the checkout: it generates the glue
+FAST_CALL_SOURCE = "harness/backends/c/fast_call.c"  # the compiled common case of a call (its comment says why)
+FAST_CALL_MODULE = "_matmul_fast_call"
 LIBRARY_NAMES = {"linux": "libmatmul.so", "darwin": "libmatmul.dylib"}
 
 
@@ -86,7 +88,12 @@ def checkout_build_dir() -> Path:
 
 
 def _c_inputs(root: Path) -> list[Path]:
-    return [root / "CMakeLists.txt", root / CALL_GLUE_SOURCE, *sorted((root / "c").rglob("*.[ch]"))]
+    return [
+        root / "CMakeLists.txt",
+        root / CALL_GLUE_SOURCE,
+        root / FAST_CALL_SOURCE,
+        *sorted((root / "c").rglob("*.[ch]")),
+    ]
 
 
 def _stamp(library: Path) -> Path:
@@ -121,15 +128,21 @@ def _inputs_digest(root: Path) -> str:
     return digest.hexdigest()
 
 
+def _extension_files(folder: Path, module: str) -> list[Path]:
+    """The extension ``module`` in ``folder`` as this interpreter can import it (the file names it would try)."""
+    return [folder / f"{module}{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+
+
 def _glue_files(folder: Path) -> list[Path]:
-    """The call glue in ``folder`` that this interpreter can import (the file names it would try)."""
-    return [folder / f"{call_glue.MODULE_NAME}{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    """The call glue, and the fast call beside it, in ``folder`` (every file name they may have)."""
+    return _extension_files(folder, call_glue.MODULE_NAME) + _extension_files(folder, FAST_CALL_MODULE)
 
 
 def _stamp_text(library: Path, root: Path) -> str:
     """What a finished build of ``library`` from ``root``'s sources on this CPU writes beside it:
     the inputs' hash, this CPU, then ``<size> <sha256> <name>`` of the library and of the call
-    glue built with it (the glue is linked against that library: one stamp vouches for both)."""
+    glue built with it (the glue is linked against that library: one stamp vouches for both, and
+    for the fast call built beside them)."""
     built = [library, *(glue for glue in _glue_files(library.parent) if glue.is_file())]
     lines = [f"sources {_inputs_digest(root)}", f"cpu {this_cpu()}"]
     lines += [f"{cache.fingerprint(artefact)} {artefact.name}" for artefact in built]
@@ -320,8 +333,9 @@ def cdef_text() -> str:
     return "\n".join(export.declaration for export in exported_functions().values()) + "\n"
 
 
-def _glue_beside(library: Path) -> Path | None:
-    """The call glue to call ``library`` through, or None for ffi.dlopen.
+def _glue_beside(library: Path, module: str = call_glue.MODULE_NAME) -> Path | None:
+    """The call glue to call ``library`` through, or None for ffi.dlopen (``module``: the fast
+    call built with it, which is used only with the glue).
 
     In a checkout, only glue that the library's current stamp vouches for (built with it, byte
     for byte as that build left it). With MATMUL_C_LIBRARY, never: the glue finds the library
@@ -333,7 +347,7 @@ def _glue_beside(library: Path) -> Path | None:
     and installed with its library, beside it."""
     if os.environ.get("MATMUL_C_LIBRARY"):
         return None
-    candidates = _glue_files(library.parent)
+    candidates = _extension_files(library.parent, module)
     if sources.in_checkout():
         recorded = _recorded_artefacts(library)
         return next((glue for glue in candidates if _matches(glue, recorded.get(glue.name))), None)
@@ -342,9 +356,9 @@ def _glue_beside(library: Path) -> Path | None:
 
 @lru_cache(maxsize=None)
 def _load(path: str):
-    """(ffi, lib, mode) for the library at ``path``: through its call glue when there is one,
-    else through ffi.dlopen; refused if it is truncated, or was compiled for instructions this
-    CPU lacks."""
+    """(ffi, lib, mode, FastCall or None) for the library at ``path``: through its call glue
+    when there is one, else through ffi.dlopen; refused if it is truncated, or was compiled for
+    instructions this CPU lacks."""
     _refuse_if_truncated(Path(path))
     loaded = _load_through_glue(Path(path))
     if loaded is None:
@@ -353,7 +367,7 @@ def _load(path: str):
         ffi = cffi.FFI()
         ffi.cdef(cdef_text())
         try:
-            loaded = ffi, ffi.dlopen(path), "dlopen"
+            loaded = ffi, ffi.dlopen(path), "dlopen", None
         except OSError as error:
             raise CLibraryError(f"cannot load the C library {path}: {error}") from error
     _refuse_if_built_for_another_cpu(path, *loaded[:2])
@@ -366,12 +380,30 @@ def _load_through_glue(library: Path):
         return None
     _refuse_if_truncated(glue)
     try:
-        spec = importlib.util.spec_from_file_location(call_glue.MODULE_NAME, glue)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.ffi, module.lib, "compiled glue"
+        module = _import_extension(call_glue.MODULE_NAME, glue)
     except ImportError:  # built for another interpreter, or damaged: dlopen still works
         return None
+    return module.ffi, module.lib, "compiled glue", _fast_call_beside(library)
+
+
+def _fast_call_beside(library: Path):
+    """The FastCall class built beside ``library`` and its glue, or None (built without NumPy's
+    headers, or not importable here: the Python path makes the same checks)."""
+    found = _glue_beside(library, FAST_CALL_MODULE)
+    if found is None:
+        return None
+    _refuse_if_truncated(found)
+    try:
+        return _import_extension(FAST_CALL_MODULE, found).FastCall
+    except ImportError:  # e.g. built against a NumPy whose C API this one lacks
+        return None
+
+
+def _import_extension(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 PT_LOAD = 1
@@ -468,7 +500,7 @@ def build_isa() -> list[str]:
 
 
 _load_lock = threading.Lock()
-_loaded = None  # (ffi, lib, mode) once loaded: the library is located, built and loaded once per process
+_loaded = None  # (ffi, lib, mode, FastCall) once loaded: the library is located, built and loaded once per process
 
 
 def load():
@@ -488,6 +520,13 @@ def call_mode() -> str:
     """How the library is called: "compiled glue" (cffi's API mode) or "dlopen"."""
     load()
     return _loaded[2]
+
+
+def fast_call_type():
+    """harness/backends/c/fast_call.c's FastCall, built and loaded beside the call glue, or None
+    (no glue, or built without NumPy's headers)."""
+    load()
+    return _loaded[3]
 
 
 def _locate_and_load():
