@@ -160,3 +160,16 @@ def test_it_takes_two_arrays_and_nothing_else():
         call(A)
     with pytest.raises(TypeError, match="exactly two arrays"):
         call(A, B, b=B)
+
+
+def test_without_the_compiled_fast_call_python_checks_the_common_case(monkeypatch):
+    # a build without NumPy's headers, or the library loaded through dlopen
+    a = np.random.default_rng(1).standard_normal((33, 17)).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal((17, 9)).astype(np.float32)
+    compiled = harness.get("c.packed")(a, b)
+    monkeypatch.setattr(clib, "fast_call_type", lambda: None)
+    matmul = harness.get("c.packed")
+    np.testing.assert_array_equal(matmul(a, b), compiled)
+    assert matmul._fast.__qualname__ == "common_case.<locals>.fast"
+    assert matmul._fast(a[:, ::2], b[::2]) is None  # a view: the full path
+    np.testing.assert_allclose(matmul(a[:, ::2], b[::2]), a[:, ::2] @ b[::2], rtol=1e-5, atol=1e-5)
