@@ -543,10 +543,6 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
         job.blk.kc = max_i64(floor_kc, min_i64(job.blk.kc, half_l2 / (N * es) / 8 * 8));
         job.blk.nc = min_i64(round_up(N, job.blk.nr), usual_nc);
     }
-    if (getenv("BAL")) {
-        const int64_t pieces = (K + job.blk.kc - 1) / job.blk.kc;
-        job.blk.kc = round_up((K + pieces - 1) / pieces, 8);
-    }
     /* K in equal KC pieces (a multiple of 8 each, no longer than KC): a last piece of a few k
      * would cost a whole pass over C (K = 1027 with KC = 512: 512 + 512 + 3). */
     const int64_t pieces = (K + job.blk.kc - 1) / job.blk.kc;

@@ -172,9 +172,12 @@ class CBackend(Backend):
 
         return call
 
-    def fast_call(self, impl, options, max_elements):
+    def fast_call(self, impl, options, max_elements, max_output_bytes=ALIGNED_OUTPUT_BYTES, long_call_mnk=None):
         """bind()'s call, with the checks of Matmul's common case, compiled (fast_call.c: at
-        64^3 the Python path costs half the kernel's time again); None where it was not built."""
+        64^3 the Python path costs half the kernel's time again); None where it was not built.
+        From ``max_output_bytes`` of output bind()'s call takes over (it allocates those
+        aligned), and from ``long_call_mnk`` (default: interruptible_mnk) M*N*K on (it runs
+        those interruptibly)."""
         fast_call_type = clib.fast_call_type()
         if fast_call_type is None:
             return None
@@ -188,8 +191,8 @@ class CBackend(Backend):
             returns_status=ffi.typeof(kernels["float32"]).result.cname != "void",
             options=extra,
             max_elements=max_elements,
-            max_output_bytes=ALIGNED_OUTPUT_BYTES,  # bind()'s call allocates those aligned
-            long_call_mnk=float(self.interruptible_mnk(extra)),  # and runs those interruptibly
+            max_output_bytes=max_output_bytes,
+            long_call_mnk=float(self.interruptible_mnk(extra) if long_call_mnk is None else long_call_mnk),
             on_status=self.check_status,
         )
 
