@@ -74,14 +74,16 @@
 #endif
 
 enum {
-    Q8_BYTES = 34,   /* one q8_0 block: a float16 scale, 32 int8 */
-    ROWS = 16,       /* rows of X per pass over W */
-    TILE = 4,        /* rows of W interleaved in the packed layout */
-    GROUP = 16,      /* blocks per group: one per int32 lane of a 512-bit register */
-    SLOTS = 8,       /* 4-weight slots per block */
-    BLOCK_TILES = 8, /* tiles per block: the rows a slice of K runs over before the next */
-    SLICE = 2,       /* groups per slice of K (TILES) */
-    PREFETCH = 4096, /* bytes ahead in W's stream: q4_0 and q8_0 on AVX2, q4_0 on AVX-512 */
+    Q8_BYTES = 34,      /* one q8_0 block: a float16 scale, 32 int8 */
+    ROWS = 16,          /* rows of X per pass over W */
+    TILE = 4,           /* rows of W interleaved in the packed layout */
+    GROUP = 16,         /* blocks per group: one per int32 lane of a 512-bit register */
+    SLOTS = 8,          /* 4-weight slots per block */
+    BLOCK_TILES = 8,    /* tiles per block: the rows a slice of K runs over before the next */
+    SLICE = 2,          /* groups per slice of K (TILES) */
+    PREFETCH = 4096,    /* bytes ahead in W's stream (tile_avx2; tile_vnni at M = 2..4) */
+    PREFETCH_L1 = 2048, /* tile_vnni's two steps (read_ahead_vnni): into L1 from this far ahead, */
+    PREFETCH_L2 = 8192, /* into L2 from this far */
 };
 
 /* float32 -> float16 bits, rounded to nearest even (ggml's conversion), for finite input. */
@@ -413,6 +415,30 @@ AVX2 INLINE void tile_avx2(const int format, const int R, const int mb, const st
             for (int i = 0; i < mb; ++i) Y[i * ldy + r0 + r] = sum8(acc[r * mb + i]);
 }
 
+/* W read ahead by hand for tile_vnni's row `row` of the tile group at `at`: the hardware
+ * prefetcher alone keeps too few of W's lines in flight from memory. With one row of X the
+ * kernel runs through W fastest, and so does each row of W at a time (M = 5..16), so W is
+ * brought ahead in two steps: into L2 from 8 KiB ahead, into L1 from 2 KiB ahead, each row of
+ * the tile a share of the group's bytes so that together they cover the whole stream (Zen 5,
+ * W from DRAM, medians of interleaved runs on the same copies of W: q8_0 1 x 4096 x 4096 on
+ * two threads 7-16% faster, 8 x 4096 x 4096 28-59%; q4_0 8 x 4096 x 4096 7-22%). At M = 2..4
+ * one step from 4 KiB ahead, row by row, stays the faster (two steps: 5-9% slower at M = 4
+ * in q8_0), as it was everywhere before: on an AVX-512 VNNI Xeon, 14336 x 8192, one thread,
+ * M = 4 went from 15.4 to 11.8 ms and M = 16 from 33.9 to 16.4 ms with it. tile_avx2 keeps
+ * the one step: on the same Zen 5 its M = 1 in q8_0 was 6-9% slower with two. */
+VNNI INLINE void read_ahead_vnni(const int mb, const uint8_t *at, int64_t row, int64_t weight_bytes) {
+    if (mb >= 2 && mb <= 4) {
+        for (int64_t line = 0; line < weight_bytes + 2 * GROUP; line += 64)
+            _mm_prefetch((const char *)(at + row * weight_bytes + PREFETCH + line), _MM_HINT_T0);
+        return;
+    }
+    const uint8_t *share = at + row * (weight_bytes + 2 * GROUP);
+    for (int64_t line = 0; line < weight_bytes + 2 * GROUP; line += 64) {
+        _mm_prefetch((const char *)(share + PREFETCH_L1 + line), _MM_HINT_T0);
+        _mm_prefetch((const char *)(share + PREFETCH_L2 + line), _MM_HINT_T1);
+    }
+}
+
 /* R rows of a tile (rows_in rows), from its row r0, for mb rows of X: 16 blocks at a time, one
  * block per int32 lane, x + 128 times w through vpdpbusd (the header). */
 VNNI INLINE void tile_vnni(const int format, const int R, const int mb, const struct x_group *x, const uint8_t *tile,
@@ -428,11 +454,7 @@ VNNI INLINE void tile_vnni(const int format, const int R, const int mb, const st
         const uint8_t *at = tile + (g - g0) * group_bytes;
         for (int r = 0; r < R; ++r) {
             const uint8_t *w = at + (r0 + r) * weight_bytes;
-            /* W read ahead by hand keeps more of its lines in flight from memory: q4_0 10-30%
-             * faster, and q8_0 too with W from DRAM (an AVX-512 VNNI Xeon, 14336 x 8192, one
-             * thread: M = 4 15.4 -> 11.8 ms, M = 16 33.9 -> 16.4 ms) */
-            for (int64_t line = 0; line < weight_bytes + 2 * GROUP; line += 64)
-                _mm_prefetch((const char *)(w + PREFETCH + line), _MM_HINT_T0);
+            read_ahead_vnni(mb, at, r0 + r, weight_bytes);
             const __m512 dw = _mm512_cvtph_ps(
                 _mm256_loadu_si256((const __m256i *)(at + rows_in * weight_bytes + (r0 + r) * 2 * GROUP)));
             __m512i slot[SLOTS], from = zero; /* the weights (q4_0: nibbles); where q8_0's lanes start */
