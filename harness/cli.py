@@ -46,6 +46,17 @@ def _seed(text: str) -> int:
     return value
 
 
+def _rounds(text: str) -> int:
+    """--rounds: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid rounds {text!r}: expected a whole number >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid rounds {value}: at least one round")
+    return value
+
+
 def _weight_format(text: str) -> str:
     """--weights: a format of harness.quant (any case: q4_K, Q4_K) or float32."""
     if text.lower() == "float32":
@@ -198,6 +209,13 @@ def main(argv=None) -> int:
     )
     comparing.add_argument(
         "--min-time", type=positive_seconds, default=0.2, help="seconds of timed runs per row (default 0.2)"
+    )
+    comparing.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=1,
+        help="time each problem's rows this many times in turn, each round in another order, and keep each "
+        "row's median round (default 1; on a shared machine 3 keeps a slow spell from deciding a ratio)",
     )
     comparing.add_argument("--seed", type=_seed, default=0, help="seeds the inputs (an integer >= 0; default 0)")
     comparing.add_argument("--allow-slow", action="store_true", help="run pure Python even on sizes that take hours")
@@ -389,6 +407,7 @@ def _compare_command(parser, args) -> int:
         isolate=args.isolate,
         timeout=args.timeout,
         weights_from=args.weights_from,
+        rounds=args.rounds,
     )
     print(results)
     for path, writer in ((args.json, results.to_json), (args.csv, results.to_csv), (args.plot, results.plot)):

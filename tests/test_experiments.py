@@ -164,8 +164,15 @@ def test_decode_sweeps_bytes_and_batch(tmp_path):
     from harness.experiments import decode
 
     data = decode.run(
-        tmp_path, shapes=["1x64x256"], batches=[1, 2, 4], batch_shape="64x256", threads=[1], min_time=0.01
+        tmp_path,
+        shapes=["1x64x256"],
+        batches=[1, 2, 4],
+        batch_shape="64x256",
+        threads=[1],
+        min_time=0.01,
+        peer_rounds=2,
     )
+    assert data["peer_rounds"] == 2
     assert (tmp_path / "decode.json").is_file() and (tmp_path / "decode.png").is_file()
     rows = [r for r in data["rows"] if r["implementation"] in decode.OURS]
     assert {r.get("weights") for r in rows if r["sweep"] == "bytes"} == set(decode.FORMATS)

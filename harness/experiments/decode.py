@@ -14,7 +14,7 @@ whose quantized weights exceed the last-level cache (8192 x 28672):
   ridge);
 - ours against current llama.cpp (both of its placements: repacked as its loader does, and
   plain) and torch's int4 kernel, in q4_0, q8_0 and q4_K at M = 1, 4 and 16 on 1 and 2 threads,
-  at the first three shapes.
+  at the first three shapes, each problem's rows timed in three rounds in turn (PEER_ROUNDS).
 
 Every CPU row reads W from DRAM, as a model's decode does (compare's ``weights_from="dram"``:
 each timed call multiplies the next of enough copies of W to exceed the last-level cache four
@@ -48,6 +48,10 @@ BYTES_PER_WEIGHT = {"float32": 4.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 3
 # The sweep against llama.cpp: its formats, and batches from decode to a few rows.
 PEER_FORMATS = ("q4_0", "q8_0", "q4_K")
 PEER_BATCHES = (1, 4, 16)
+# Its rows are timed in rounds (compare's rounds): at M = 1 both sides stream W at close to the
+# memory roof, and on a shared machine that roof moved by a third between rows a minute apart,
+# more than the ratios the table is about.
+PEER_ROUNDS = 3
 PEER_PREFIXES = ("llama.cpp.", "ggml.", "torch.int4")
 OURS = ("c.decode", "c.decode_int8", "c.packed")  # c.packed: the float32 GEMV the quantized ones are measured against
 
@@ -64,6 +68,13 @@ def add_arguments(parser) -> None:
         type=count_at_least(1),
         default=list(PEER_BATCHES),
         help="batch sizes M of the sweep against llama.cpp (at the first three shapes)",
+    )
+    parser.add_argument(
+        "--peer-rounds",
+        type=count_at_least(1),
+        default=PEER_ROUNDS,
+        help="rounds of the sweep against llama.cpp: each problem's rows timed that many times in turn, "
+        "each row's median round kept (compare's rounds)",
     )
     parser.add_argument("--min-time", type=positive_seconds, default=0.2, help="seconds of timed runs per row")
 
@@ -98,6 +109,7 @@ def run(
     threads=(1, 2),
     min_time: float = 0.2,
     peer_batches=PEER_BATCHES,
+    peer_rounds: int = PEER_ROUNDS,
 ) -> dict:
     if any(parse_shape(s).m != 1 for s in shapes):
         raise ValueError(f"--shapes are M = 1 decode shapes (1xNxK), got {' '.join(shapes)}")
@@ -117,7 +129,13 @@ def run(
     for count in threads:
         say(f"  against llama.cpp, {count} thread(s): {', '.join(peer_shapes)} in {', '.join(PEER_FORMATS)}")
         results = compare(
-            peer_shapes, _impls(), weights=list(PEER_FORMATS), threads=count, min_time=min_time, baselines=False
+            peer_shapes,
+            _impls(),
+            weights=list(PEER_FORMATS),
+            threads=count,
+            min_time=min_time,
+            baselines=False,
+            rounds=peer_rounds,
         )
         rows += _rows(results, "peers", count)
     roofs = {str(count): machine.memory_roof_gbps(count) for count in threads}
@@ -132,6 +150,7 @@ def run(
         "bytes_per_weight": BYTES_PER_WEIGHT,
         "peer_formats": list(PEER_FORMATS),
         "weights_from": "dram",
+        "peer_rounds": peer_rounds,
         "implementations": _descriptions(),
     }
     return write(out_dir, NAME, data, figure(data))

@@ -140,6 +140,7 @@ def compare(
     isolate: str = "user",
     timeout: float | None = None,
     weights_from: str = "dram",
+    rounds: int = 1,
 ) -> Results:
     """Check and time ``impls`` (names, glob patterns, or your own as ``FILE:FUNCTION``) on every
     shape and dtype.
@@ -163,6 +164,11 @@ def compare(
     run; "all" does so for every CPU implementation of a float problem. ``timeout`` (seconds)
     bounds each call of an isolated row; by default the bound grows with the problem's FLOPs
     (``isolation.automatic_limit_s``).
+
+    ``rounds`` > 1 measures each problem's rows that many times in turn, each round in another
+    order, and keeps each implementation's median round (a row that fails in any round keeps
+    that failure): on a shared machine a slow spell then falls on different rows, instead of
+    deciding a ratio between two rows timed a minute apart.
     """
     if weights_from not in WEIGHTS_FROM:
         raise ValueError(f"weights_from must be one of {', '.join(WEIGHTS_FROM)}, got {weights_from!r}")
@@ -172,6 +178,8 @@ def compare(
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf
     ):
         raise ValueError(f"timeout must be a number of seconds > 0 (or None for the automatic limit), got {timeout!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise ValueError(f"rounds must be a whole number >= 1, got {rounds!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
     if (
@@ -207,38 +215,44 @@ def compare(
         if _belongs(impl, fmt, explicit=impl.name in asked)
     ]
     rows: list[Row] = []
-    bar = _progress_bar(len(tasks)) if progress else None
+    bar = _progress_bar(len(tasks) * rounds) if progress else None
     workers = WorkerPool(allow_slow, threads)
     with bar or nullcontext(), closing(workers):
-        task_id = bar.add_task("comparing", total=len(tasks)) if bar else None
-        current: tuple[Shape, str, str | None] | None = None
-        for shape, dtype, fmt, impl in tasks:
-            if bar:
-                bar.update(task_id, description=f"{impl.name} {shape} {fmt or dtype}")
-            if current != (shape, dtype, fmt):
-                # Inputs and reference once per problem (tasks are ordered so), made when a
-                # row first needs them, and only the current ones held: at 8192^2 each set is
-                # over a gigabyte, and a shape nothing can run needs neither.
-                current = (shape, dtype, fmt)
-                problem = _Problem(shape, dtype, seed, [impl.device for impl in chosen], weights=fmt)
-            isolated = impl.device == "cpu" and not problem.quantized and (isolate == "all" or external_recipe(impl))
-            rows.append(
-                _measure(
-                    impl,
-                    problem,
-                    threads,
-                    min_time,
-                    allow_slow,
-                    options.get(impl.name, {}),
-                    workers if isolated else None,
-                    timeout,
-                    weights_from,
-                )
-            )
-            if bar:
-                bar.advance(task_id)
+        task_id = bar.add_task("comparing", total=len(tasks) * rounds) if bar else None
+        # Tasks are ordered by problem: its inputs and reference are made once, when a row first
+        # needs them, and only the current ones are held (at 8192^2 each set is over a
+        # gigabyte, and a shape nothing can run needs neither).
+        for (shape, dtype, fmt), group in itertools.groupby(tasks, key=lambda task: task[:3]):
+            impls_here = [task[3] for task in group]
+            problem = _Problem(shape, dtype, seed, [impl.device for impl in chosen], weights=fmt)
+            measured: list[list[Row]] = [[] for _ in impls_here]
+            for round_index in range(rounds):
+                for index in _round_order(len(impls_here), round_index):
+                    impl = impls_here[index]
+                    if bar:
+                        bar.update(task_id, description=f"{impl.name} {shape} {fmt or dtype}")
+                    isolated = (
+                        impl.device == "cpu" and not problem.quantized and (isolate == "all" or external_recipe(impl))
+                    )
+                    row = _measure(
+                        impl,
+                        problem,
+                        threads,
+                        min_time,
+                        allow_slow,
+                        options.get(impl.name, {}),
+                        workers if isolated else None,
+                        timeout,
+                        weights_from,
+                    )
+                    measured[index].append(row)
+                    if bar:
+                        bar.advance(task_id)
+            rows += [_median_round(rounds_of_row) for rounds_of_row in measured]
     fill_speedups(rows)
     settings = {"threads": threads, "min_time_s": min_time, "seed": seed, "shape_order": "MxNxK", "isolate": isolate}
+    if rounds > 1:
+        settings["rounds"] = rounds
     if timeout is not None:
         settings["timeout_s"] = timeout
     if formats:
@@ -418,6 +432,27 @@ class _InProcess:
 
     def written(self) -> list[str]:
         return self.problem.written()
+
+
+def _round_order(count: int, round_index: int) -> list[int]:
+    """The order of a problem's ``count`` rows in round ``round_index``: the first round in
+    order, the second reversed, then rotated by one row every two rounds (and reversed every
+    other round), so that a row is not always timed right after the same one."""
+    order = [(index + round_index // 2) % count for index in range(count)]
+    return order[::-1] if round_index % 2 else order
+
+
+def _median_round(measured: list[Row]) -> Row:
+    """One implementation's row from its rounds: the first that did not pass (a fault in any
+    round is the row's), else the first untimed one (checked, never timed: a stand-in or an
+    empty product), else the round with the median time (the lower middle of an even count)."""
+    for row in measured:
+        if not row.passed:
+            return row
+    for row in measured:
+        if not row.timed:
+            return row
+    return sorted(measured, key=lambda row: row.median_s)[(len(measured) - 1) // 2]
 
 
 def _measure(
