@@ -421,7 +421,7 @@ AVX2 INLINE void tile_avx2(const int format, const int R, const int mb, const st
  * brought ahead in two steps: into L2 from 8 KiB ahead, into L1 from 2 KiB ahead, each row of
  * the tile a share of the group's bytes so that together they cover the whole stream (Zen 5,
  * W from DRAM, medians of interleaved runs on the same copies of W: q8_0 1 x 4096 x 4096 on
- * two threads 7-16% faster, 8 x 4096 x 4096 28-59%; q4_0 8 x 4096 x 4096 7-22%). At M = 2..4
+ * two threads 7-30% faster, 8 x 4096 x 4096 28-61%; q4_0 8 x 4096 x 4096 7-22%). At M = 2..4
  * one step from 4 KiB ahead, row by row, stays the faster (two steps: 5-9% slower at M = 4
  * in q8_0), as it was everywhere before: on an AVX-512 VNNI Xeon, 14336 x 8192, one thread,
  * M = 4 went from 15.4 to 11.8 ms and M = 16 from 33.9 to 16.4 ms with it. tile_avx2 keeps
