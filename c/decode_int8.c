@@ -416,10 +416,11 @@ AVX2 INLINE void tile_avx2(const int format, const int R, const int mb, const st
 }
 
 /* W read ahead by hand for tile_vnni's row `row` of the tile group at `at`: the hardware
- * prefetcher alone keeps too few of W's lines in flight from memory. With one row of X the
- * kernel runs through W fastest, and so does each row of W at a time (M = 5..16), so W is
- * brought ahead in two steps: into L2 from 8 KiB ahead, into L1 from 2 KiB ahead, each row of
- * the tile a share of the group's bytes so that together they cover the whole stream (Zen 5,
+ * prefetcher alone keeps too few of W's lines in flight from memory. At M = 1 the kernel runs
+ * through W fastest, and at M = 5..16 it takes the tile's rows one at a time (R = 1), hopping
+ * between them; there W is brought ahead in two steps: into L2 from 8 KiB ahead, into L1 from
+ * 2 KiB ahead, each row of the tile a share of the group's bytes so that together they cover
+ * the whole stream (Zen 5,
  * W from DRAM, medians of interleaved runs on the same copies of W: q8_0 1 x 4096 x 4096 on
  * two threads 7-30% faster, 8 x 4096 x 4096 28-61%; q4_0 8 x 4096 x 4096 7-22%). At M = 2..4
  * one step from 4 KiB ahead, row by row, stays the faster (two steps: 5-9% slower at M = 4
