@@ -6,8 +6,18 @@ import sys
 import pytest
 
 import harness
+from harness.model.registry import REGISTRY
 from harness.run.compare import _median_round, _round_order
 from harness.run.results import Row
+
+
+@pytest.fixture(autouse=True)
+def _forget_user_kernels():
+    """A test's own kernels leave the registry with it (later tests list every implementation)."""
+    before = set(REGISTRY)
+    yield
+    for name in set(REGISTRY) - before:
+        del REGISTRY[name]
 
 
 def run_cli(*args, cwd):
@@ -35,6 +45,21 @@ def test_rounds_keep_a_decode_problems_rows_in_place():
         ("c.decode_int8", "q4_0"),
     ]
     assert all(row.passed for row in results.rows), [row.status for row in results.rows]
+
+
+def test_a_row_that_fails_in_the_first_round_is_not_run_again(tmp_path):
+    calls = tmp_path / "calls"
+    source = tmp_path / "mine.py"
+    source.write_text(
+        "def broken(a, b):\n"
+        f"    with open({str(calls)!r}, 'a') as log:\n"
+        "        log.write('call\\n')\n"
+        "    raise RuntimeError('not written yet')\n"
+    )
+    results = harness.compare([8], [f"{source}:broken"], baselines=False, min_time=0.01, rounds=3)
+    (row,) = results.rows
+    assert row.status == "error: RuntimeError: not written yet"
+    assert calls.read_text().count("call") == 1
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5])

@@ -167,8 +167,9 @@ def compare(
 
     ``rounds`` > 1 measures each problem's rows that many times in turn, each round in another
     order, and keeps each implementation's median round (a row that fails in any round keeps
-    that failure): on a shared machine a slow spell then falls on different rows, instead of
-    deciding a ratio between two rows timed a minute apart.
+    that failure; one that fails, is skipped or is never timed in the first round is not run
+    again): on a shared machine a slow spell then falls on different rows, instead of deciding
+    a ratio between two rows timed a minute apart.
     """
     if weights_from not in WEIGHTS_FROM:
         raise ValueError(f"weights_from must be one of {', '.join(WEIGHTS_FROM)}, got {weights_from!r}")
@@ -228,6 +229,8 @@ def compare(
             measured: list[list[Row]] = [[] for _ in impls_here]
             for round_index in range(rounds):
                 for index in _round_order(len(impls_here), round_index):
+                    if measured[index] and not (measured[index][0].passed and measured[index][0].timed):
+                        continue  # a row that failed, was skipped or is never timed is done after one round
                     impl = impls_here[index]
                     if bar:
                         bar.update(task_id, description=f"{impl.name} {shape} {fmt or dtype}")
