@@ -13,7 +13,7 @@ from harness.env import files
 from harness.env.cores import usable_cores
 from harness.env.switches import switch_problems
 from harness.experiments import EXPERIMENTS
-from harness.experiments.arguments import positive_seconds
+from harness.experiments.arguments import count_at_least, positive_seconds
 from harness.model import quant, registry
 from harness.model.core import run_mode
 from harness.model.errors import MatmulInputError, UnavailableError
@@ -43,17 +43,6 @@ def _seed(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid seed {text!r}: expected a whole number >= 0") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"invalid seed {value}: seeds are whole numbers >= 0")
-    return value
-
-
-def _rounds(text: str) -> int:
-    """--rounds: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid rounds {text!r}: expected a whole number >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid rounds {value}: at least one round")
     return value
 
 
@@ -212,7 +201,7 @@ def main(argv=None) -> int:
     )
     comparing.add_argument(
         "--rounds",
-        type=_rounds,
+        type=count_at_least(1),
         default=1,
         help="time each problem's rows this many times in turn, each round in another order, and keep each "
         "row's median round (default 1; on a shared machine 3 keeps a slow spell from deciding a ratio)",

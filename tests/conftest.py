@@ -65,6 +65,19 @@ def _no_process_outlives_its_test():
         pytest.fail(f"the test left {len(left)} process(es) running (now killed): {listing}", pytrace=False)
 
 
+# ---- users' kernels a test registers leave with it ------------------------------------------------
+@pytest.fixture
+def forget_user_kernels():
+    """The kernels a test registers (FILE:FUNCTION) leave the registry with it, so its names are
+    its own and a later test that lists every implementation sees only the registry's own."""
+    from harness.model.registry import REGISTRY
+
+    before = set(REGISTRY)
+    yield
+    for name in set(REGISTRY) - before:
+        del REGISTRY[name]
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject's addopts): one worker per core, but none when benchmarks are timed
     (pytest-benchmark times nothing under xdist) or when there is a single core."""

@@ -17,7 +17,6 @@ import pytest
 
 import harness
 from harness.backends.external import ExternalError
-from harness.model.registry import REGISTRY
 
 HANG_MARGIN_S = 60  # a bound against a hang, not a speed: these machines are shared and noisy
 
@@ -47,13 +46,7 @@ def c_kernel(folder: Path, kind: str, function: str = "mm", file_name: str | Non
     return f"{path}:{function}"
 
 
-@pytest.fixture(autouse=True)
-def _forget_user_kernels():
-    """Each test's kernels leave the registry with it, so its names are its own."""
-    before = set(REGISTRY)
-    yield
-    for name in set(REGISTRY) - before:
-        del REGISTRY[name]
+pytestmark = pytest.mark.usefixtures("forget_user_kernels")  # each test's kernels leave with it
 
 
 @pytest.fixture

@@ -6,18 +6,10 @@ import sys
 import pytest
 
 import harness
-from harness.model.registry import REGISTRY
 from harness.run.compare import _median_round, _round_order
 from harness.run.results import Row
 
-
-@pytest.fixture(autouse=True)
-def _forget_user_kernels():
-    """A test's own kernels leave the registry with it (later tests list every implementation)."""
-    before = set(REGISTRY)
-    yield
-    for name in set(REGISTRY) - before:
-        del REGISTRY[name]
+pytestmark = pytest.mark.usefixtures("forget_user_kernels")  # each test's kernels leave with it
 
 
 def run_cli(*args, cwd):
