@@ -392,8 +392,9 @@ AVX2 INLINE void tile_avx2(const int format, const int R, const int mb, const st
         const uint8_t *at = tile + (g - g0) * group_bytes;
         const struct x_group *xg = x + g * mb;
         for (int r = 0; r < R; ++r) {
-            /* as tile_vnni reads q4_0: W read ahead by hand keeps more of its lines in flight (on Zen 2, q8_0 too:
-             * 4x4096x14336 on 1 thread 14.3 -> 8.2 ms, W from DRAM) */
+            /* W read ahead by hand keeps more of its lines in flight, one step from 4 KiB (on Zen 2,
+             * 4x4096x14336 q8_0 on 1 thread 14.3 -> 8.2 ms, W from DRAM; tile_vnni's two steps
+             * were slower here: read_ahead_vnni) */
             for (int64_t line = 0; line < weight_bytes + 2 * GROUP; line += 64)
                 _mm_prefetch((const char *)(at + (r0 + r) * weight_bytes + PREFETCH + line), _MM_HINT_T0);
             for (int half = 0; half < 2; ++half) { /* blocks 0..7, then 8..15 */

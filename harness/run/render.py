@@ -172,6 +172,9 @@ def render(results: "Results", width: int | None = None) -> str:
     empty = sorted({row.shape for row in results.ran() if "0" in row.shape.split("x")})
     if empty:
         notes.append(f"{', '.join(empty)}: empty problems (a dimension 0), checked and never timed")
+    rounds = results.settings.get("rounds", 1)
+    if rounds > 1:
+        notes.append(f"each time is its row's median of {rounds} rounds, the rows timed in turn (--rounds)")
     notes += weights_from_notes(results) + path_notes(results)
     for row in results.ran():
         if not row.passed:
