@@ -188,6 +188,41 @@ def test_decode_sweeps_bytes_and_batch(tmp_path):
         assert "Against current llama.cpp" in summary and "repack" in summary
 
 
+def test_decode_says_how_far_the_memory_roof_lets_ours_get_past_llama_cpp():
+    from harness.experiments import decode
+
+    def row(impl, median_s, pct, m=1):
+        return {
+            "implementation": impl,
+            "sweep": "peers",
+            "shape": f"{m}x4096x4096",
+            "m": m,
+            "threads": 2,
+            "threads_asked": 2,
+            "weights": "q4_0",
+            "status": "ok",
+            "median_s": median_s,
+            "memory_pct": pct,
+            "memory_roof_gbps": 50.0,
+            "memory_roof": "beside",
+        }
+
+    rows = [
+        row("c.decode_int8", 2.0e-4, 45.0),  # 0.95x llama.cpp, which reads at 47.5% of the roof
+        row("llama.cpp.mul_mat", 1.9e-4, 47.5),
+        row("c.decode_int8", 2.0e-4, 50.0, m=4),  # 2x: not short of 1.2x
+        row("llama.cpp.mul_mat", 4.0e-4, 25.0, m=4),
+    ]
+    data = {"rows": rows, "memory_roof_gbps": {"2": 80.0}, "formats": [], "peer_formats": ["q4_0"]}
+    table = decode.peer_table(data)
+    first = next(line for line in table if line.startswith("| 1x4096x4096"))
+    assert "| 0.95x | 2.11x |" in first  # ours vs llama.cpp, then the ceiling: 100 / 47.5
+    assert "measured beside the rows" in " ".join(table)
+    (short,) = [line for line in decode.findings(data) if line.startswith("under 1.2x")]
+    assert "q4_0 1x4096x4096 2T 0.95x (ceiling 2.11x)" in short and "4x4096x4096" not in short
+    assert "read roof measured beside the rows, 2 thread(s): 50.0 GB/s" in decode.summarize(data)
+
+
 def test_prefill_times_each_batch_per_token_beside_llama_cpp(tmp_path):
     from harness.experiments import prefill
 

@@ -137,6 +137,48 @@ def test_each_timed_call_reads_the_next_copy_of_w(monkeypatch, recording_kernel)
     assert "read W from DRAM" in str(results)
 
 
+def test_dram_rows_are_scored_against_the_read_roof_measured_beside_them(monkeypatch, recording_kernel):
+    w_bytes = 64 * (256 // 32) * 34
+    monkeypatch.setattr(compare_module, "weight_arena_bytes", lambda: 6 * w_bytes)
+    measured = iter([30.0, 10.0, 20.0])  # one per round: the median, 20, is the roof
+    asked = []
+    monkeypatch.setattr(
+        machine, "read_gbps_now", lambda nbytes, threads: asked.append((nbytes, threads)) or next(measured)
+    )
+    results = harness.compare(
+        ["1x64x256"], [recording_kernel.name], weights=["q8_0"], baselines=False, min_time=0.01, rounds=3
+    )
+    (row,) = results.rows
+    assert asked == [(6 * w_bytes, 1)] * 3  # after each round, over the arena the row rotated through
+    assert (row.memory_roof, row.memory_roof_gbps) == ("beside", 20.0)
+    assert row.memory_pct == pytest.approx(100 * row.gbytes_per_s / 20.0)
+    assert "against the read roof measured beside the rows" in " ".join(str(results).split())
+
+
+def test_a_roof_that_cannot_be_measured_beside_leaves_the_kept_one(monkeypatch, recording_kernel):
+    w_bytes = 64 * (256 // 32) * 34
+    monkeypatch.setattr(compare_module, "weight_arena_bytes", lambda: 6 * w_bytes)
+    monkeypatch.setattr(machine, "read_gbps_now", lambda nbytes, threads: None)
+    monkeypatch.setattr(machine, "memory_roof_gbps", lambda threads=1: 50.0)
+    (row,) = harness.compare(["1x64x256"], [recording_kernel.name], weights=["q8_0"], baselines=False, min_time=0.01)
+    assert (row.memory_roof, row.memory_roof_gbps) == ("best kept", 50.0)
+    assert row.memory_pct == pytest.approx(100 * row.gbytes_per_s / 50.0)
+
+
+def test_rows_from_cache_are_not_given_a_dram_roof(monkeypatch, recording_kernel):
+    monkeypatch.setattr(machine, "read_gbps_now", lambda nbytes, threads: pytest.fail("measured a roof for cache rows"))
+    harness.compare(
+        ["1x64x256"], [recording_kernel.name], weights=["q8_0"], baselines=False, min_time=0.01, weights_from="cache"
+    )
+
+
+def test_the_read_roof_is_measured_now_over_the_bytes_asked():
+    gbps = machine.read_gbps_now(64 * 2**20, 1)
+    if gbps is None:
+        pytest.skip("the C library's read roof is not available here")
+    assert 0 < gbps < 10_000
+
+
 def test_cache_mode_repeats_one_w_and_says_so(recording_kernel):
     results = harness.compare(
         ["1x64x256"], [recording_kernel.name], weights=["q8_0"], baselines=False, min_time=0.01, weights_from="cache"

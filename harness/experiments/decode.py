@@ -53,6 +53,7 @@ PEER_BATCHES = (1, 4, 16)
 # more than the ratios the table is about.
 PEER_ROUNDS = 3
 PEER_PREFIXES = ("llama.cpp.", "ggml.", "torch.int4")
+MARKED_RATIO = 1.2  # ours against llama.cpp: the line the peer panel marks, and the findings' threshold
 OURS = ("c.decode", "c.decode_int8", "c.packed")  # c.packed: the float32 GEMV the quantized ones are measured against
 
 
@@ -273,7 +274,7 @@ def _peer_panel(axis, peers: list[dict], data: dict, plt) -> None:
                     label=f"{fmt}, {threads} thread(s)",
                 )
     axis.axhline(1.0, color="gray", linewidth=0.8)
-    axis.axhline(1.2, color="gray", linewidth=0.8, linestyle=":")
+    axis.axhline(MARKED_RATIO, color="gray", linewidth=0.8, linestyle=":")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log", base=2)
     low, high = axis.get_ylim()
@@ -300,7 +301,8 @@ def summarize(data: dict) -> str:
     rows = data["rows"]
     roofs = ", ".join(f"{t} thread(s) {g:.1f} GB/s" for t, g in data["memory_roof_gbps"].items() if g)
     lines = [
-        f"- memory roof (streaming read, measured): {roofs or 'not measured'}",
+        f"- memory roof (streaming read, the best this machine kept): {roofs or 'not measured'}",
+        *_roofs_beside(rows),
         "",
         "| shape (MxNxK) | threads | weights | ours | time | GB/s | % mem | best peer | peer time | ours vs peer |",
         "|---|---:|---|---|---:|---:|---:|---|---:|---:|",
@@ -332,6 +334,20 @@ def summarize(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _roofs_beside(rows: list[dict]) -> list[str]:
+    """The range of the read roofs measured beside the rows, per thread count: how far the
+    memory moved during the run (% mem is against these)."""
+    lines = []
+    for threads in sorted({r["threads"] for r in rows if r.get("memory_roof") == "beside"}):
+        roofs = [r["memory_roof_gbps"] for r in rows if r.get("memory_roof") == "beside" and r["threads"] == threads]
+        span = f"{min(roofs):.1f}" if min(roofs) == max(roofs) else f"{min(roofs):.1f}-{max(roofs):.1f}"
+        lines.append(
+            f"- read roof measured beside the rows, {threads} thread(s): {span} GB/s "
+            "(% mem is against the one beside each row)"
+        )
+    return lines
+
+
 def _llama_cpp(rows: list[dict], **match) -> dict | None:
     return _best([r for r in rows if r["implementation"].startswith("llama.cpp.")], **match)
 
@@ -346,9 +362,9 @@ def peer_table(data: dict) -> list[str]:
         "Against current llama.cpp (the faster of `llama.cpp.mul_mat` and `llama.cpp.mul_mat_plain`), weights "
         "from DRAM:",
         "",
-        "| shape (MxNxK) | threads | weights | ours | time | llama.cpp | its path | time | ours vs llama.cpp "
-        "| torch.int4 |",
-        "|---|---:|---|---|---:|---|---|---:|---:|---:|",
+        "| shape (MxNxK) | threads | weights | ours | time | % mem | llama.cpp | its path | time | % mem "
+        "| ours vs llama.cpp | ceiling | torch.int4 |",
+        "|---|---:|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     keys = sorted(
         {(r["shape"], r["threads_asked"], r["weights"]) for r in rows},
@@ -362,15 +378,39 @@ def peer_table(data: dict) -> list[str]:
             continue
         lines.append(
             f"| {shape} | {threads} | {fmt} | `{ours['implementation']}` | {format_time(ours['median_s'])} | "
+            f"{_percent(ours.get('memory_pct'))} | "
             + (
                 f"`{peer['implementation']}` | {peer.get('path') or ''} | {format_time(peer['median_s'])} | "
-                f"{ratio_text(_ratio(ours, peer))} | "
+                f"{_percent(peer.get('memory_pct'))} | {ratio_text(_ratio(ours, peer))} | "
+                f"{ratio_text(_ceiling(peer))} | "
                 if peer
-                else "| | | | "
+                else "| | | | | | "
             )
             + (f"{format_time(torch_int4['median_s'])} |" if torch_int4 else " |")
         )
+    beside = all(r.get("memory_roof") == "beside" for r in rows if r.get("memory_pct") is not None)
+    roof = (
+        "the read roof measured beside the rows (their arena of W streamed after each round, same threads)"
+        if beside
+        else "the best read roof this machine kept"
+    )
+    lines += [
+        "",
+        f"% mem: of {roof}. Ceiling: what a kernel reading W at that roof would be against llama.cpp "
+        "(100 / its % mem): no kernel goes past it while W comes from DRAM.",
+    ]
     return lines
+
+
+def _percent(value) -> str:
+    return f"{value:.0f}%" if value is not None else ""
+
+
+def _ceiling(peer: dict) -> float | None:
+    """The most any kernel can be against ``peer`` while both read W at the memory roof: the
+    inverse of the fraction of the roof ``peer`` reads at."""
+    pct = peer.get("memory_pct")
+    return 100.0 / pct if pct else None
 
 
 def findings(data: dict) -> list[str]:
@@ -432,6 +472,23 @@ def findings(data: dict) -> list[str]:
                 )
         if per_threads:
             out.append(f"{fmt}, weights from DRAM: ours against llama.cpp: {'; '.join(per_threads)}")
+    short = [
+        (ratio, match, ceiling)
+        for shape, threads_asked, fmt in sorted({(r["shape"], r["threads_asked"], r["weights"]) for r in peers})
+        for match in [{"shape": shape, "threads_asked": threads_asked, "weights": fmt}]
+        if (peer := _llama_cpp(peers, **match))
+        and (ratio := _ratio(_ours(peers, **match), peer))
+        and ratio < MARKED_RATIO
+        and (ceiling := _ceiling(peer))
+    ]
+    if short:
+        out.append(
+            f"under {MARKED_RATIO}x llama.cpp, and the most the memory roof allows there (the ceiling): "
+            + "; ".join(
+                f"{m['weights']} {m['shape']} {m['threads_asked']}T {ratio_text(ratio)} (ceiling {ratio_text(c)})"
+                for ratio, m, c in short
+            )
+        )
     batch = sorted({r["m"] for r in rows if r["sweep"] == "batch"})
     ridges = []
     for fmt in data["formats"]:

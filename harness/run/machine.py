@@ -326,6 +326,25 @@ def memory_read_gbps() -> float | None:
     return roofs["read_gbps"]["best"] if roofs and "read_gbps" in roofs else None
 
 
+# A read roof measured beside timed rows (compare's decode problems): trials of one pass each
+# over the rows' own arena, the best kept; a few tenths of a second with the page touching.
+BESIDE_TRIALS = 5
+
+
+def read_gbps_now(nbytes: int, threads: int = 1) -> float | None:
+    """The streaming-read bandwidth of ``threads`` cores over ``nbytes`` of memory, measured
+    now (best of BESIDE_TRIALS passes) and neither cached nor kept: the roof a row timed in
+    the same minute is scored against, where the host's bandwidth moves from minute to
+    minute. None where it cannot be measured."""
+    try:
+        ffi, lib = clib.load()
+        measure = lib.matmul_measure_read_gbps_threads
+    except Exception:
+        return None
+    gbps = float(measure(int(nbytes), BESIDE_TRIALS, int(threads), ffi.NULL))
+    return gbps if _plausible_roof(f"read_gbps_{max(1, threads)}_threads", {"best": gbps}) else None
+
+
 @lru_cache(maxsize=None)
 def memory_roof_gbps(threads: int = 1) -> float | None:
     """The memory roof of ``threads`` cores: the streaming-read bandwidth they measured together

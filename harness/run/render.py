@@ -130,6 +130,20 @@ def weights_from_notes(results: "Results") -> list[str]:
     return notes
 
 
+def roof_notes(results: "Results") -> list[str]:
+    """What each decode row's % mem is against: the read roof measured beside it, or the best kept."""
+    notes = []
+    for kind, text in (
+        ("beside", "the read roof measured beside the rows (their arena streamed after each round, same threads)"),
+        ("best kept", "the best read roof this machine has measured (kept across runs)"),
+    ):
+        roofs = sorted({row.memory_roof_gbps for row in results.ran() if row.memory_roof == kind})
+        if roofs:
+            span = f"{roofs[0]:.1f}" if len(roofs) == 1 else f"{roofs[0]:.1f}-{roofs[-1]:.1f}"
+            notes.append(f"% mem{' (other rows)' if notes else ''}: against {text}, {span} GB/s")
+    return notes
+
+
 def path_notes(results: "Results") -> list[str]:
     """The kernel paths a library picked per problem (llama.cpp: repack, tinyBLAS, vec_dot)."""
     by_impl: dict[str, dict[str, list[str]]] = {}
@@ -175,7 +189,7 @@ def render(results: "Results", width: int | None = None) -> str:
     rounds = results.settings.get("rounds", 1)
     if rounds > 1:
         notes.append(f"each time is its row's median of {rounds} rounds, the rows timed in turn (--rounds)")
-    notes += weights_from_notes(results) + path_notes(results)
+    notes += weights_from_notes(results) + roof_notes(results) + path_notes(results)
     for row in results.ran():
         if not row.passed:
             notes.append(f"{row.implementation} {row.shape} {row.dtype}: {row.status}")

@@ -47,7 +47,10 @@ class Row:
     max_abs_error: float | None = None
     threads: int | None = None
     weights: str | None = None  # a decode problem's weight format (q8_0, q4_0, bf16, float32); None: a matmul
-    memory_pct: float | None = None  # GB/s against the memory roof measured for its thread count (decode rows)
+    memory_pct: float | None = None  # GB/s against memory_roof_gbps, the read roof of its thread count (decode rows)
+    memory_roof_gbps: float | None = None
+    memory_roof: str | None = None  # "beside": streamed over the row's arena after each round of its problem
+    # (the median of rounds), or "best kept": the best this machine read, kept across runs (machine.py)
     weights_from: str | None = None  # where a timed decode row's weights were read from: "dram" (it rotated
     # through weight_copies copies of W, WEIGHT_ARENA_BYTES or more in all) or "cache" (one W, repeated)
     weight_copies: int | None = None
