@@ -176,12 +176,14 @@ def _ours(rows: list[dict], **match) -> dict | None:
 
 def figure(data: dict):
     plt = pyplot()
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
     rows = data["rows"]
     peers = [r for r in rows if r["sweep"] == "peers"]
     fig, axes = plt.subplots(1, 3 if peers else 2, figsize=(19 if peers else 13, 5.2))
     left, right = axes[0], axes[1]
     threads = max(int(t) for t in data["memory_roof_gbps"])
-    roof = data["memory_roof_gbps"].get(str(threads))
+    roof, roof_kind = _plotted_roof(data, threads)
     for index, shape in enumerate(
         sorted({r["shape"] for r in rows if r["sweep"] == "bytes"}, key=lambda s: parse_shape(s).flops)
     ):
@@ -201,6 +203,10 @@ def figure(data: dict):
             left.plot(bytes_, [b * n * k / roof / 1e6 for b in bytes_], linestyle=":", color=colour, linewidth=0.8)
     left.set_xscale("log", base=2)
     left.set_yscale("log")
+    # a range of a decade or two: ticks at 1, 2 and 5 of each, written plainly (0.2, not 2x10^-1)
+    left.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    left.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    left.yaxis.set_minor_formatter(NullFormatter())
     ticks: dict[float, list[str]] = {}
     for f in data["formats"]:
         ticks.setdefault(BYTES_PER_WEIGHT[f], []).append(f)
@@ -208,8 +214,8 @@ def figure(data: dict):
     left.set_xlabel("bytes per weight")
     left.set_ylabel("ms per product (ours: best of c.decode, c.decode_int8; float32: c.packed)")
     left.set_title(
-        f"M = 1, {threads} thread(s): time against bytes (x: q4_K; dotted: bytes / memory roof"
-        + (f", {roof:.0f} GB/s)" if roof else ")"),
+        f"M = 1, {threads} thread(s): time against bytes (x: q4_K)"
+        + (f"\ndotted: bytes / memory roof ({roof_kind} {roof:.0f} GB/s)" if roof else ""),
         fontsize=9,
     )
     left.grid(True, which="both", alpha=0.3)
@@ -246,6 +252,21 @@ def figure(data: dict):
         _peer_panel(axes[2], peers, data, plt)
     fig.tight_layout()
     return fig
+
+
+def _plotted_roof(data: dict, threads: int) -> tuple[float | None, str]:
+    """The roof the time-against-bytes panel draws: the median of those measured beside its
+    rows where they were (the roof they are scored against), else the best kept."""
+    import statistics
+
+    beside = [
+        r["memory_roof_gbps"]
+        for r in data["rows"]
+        if r["sweep"] == "bytes" and r.get("memory_roof") == "beside" and r.get("threads") == threads
+    ]
+    if beside:
+        return statistics.median(beside), "beside, median"
+    return data["memory_roof_gbps"].get(str(threads)), "best kept"
 
 
 def _peer_panel(axis, peers: list[dict], data: dict, plt) -> None:
@@ -424,7 +445,10 @@ def findings(data: dict) -> list[str]:
         q4 = _ours(rows, sweep="bytes", shape=shape, weights="q4_0", threads_asked=threads)
         if f32 and q4 and _ratio(q4, f32):
             speedups.append((_ratio(q4, f32), shape))
-            roof_pcts.append(q4.get("memory_pct") or 0)
+            # how near the roof: from the table against llama.cpp where it has the problem (its
+            # rows are timed in rounds; this sweep's once, a slow minute deciding the verdict)
+            in_rounds = _ours(rows, sweep="peers", shape=shape, weights="q4_0", threads_asked=threads)
+            roof_pcts.append((in_rounds or q4).get("memory_pct") or 0)
     if speedups:
         (low, at_low), (high, at_high) = min(speedups), max(speedups)
         bound = "memory" if min(roof_pcts) >= 70 else "the unpacking arithmetic, not memory"
