@@ -11,6 +11,8 @@ import pytest
 
 import harness
 from harness.experiments import EXPERIMENTS
+from harness.model.inputs import parse_shape
+from harness.run import machine
 from harness.tooling.report import write_report
 
 
@@ -125,6 +127,25 @@ def test_blas_grid_measures_pairs_and_judges_the_targets(tmp_path, monkeypatch):
     assert verdict["median_vs_numpy"] == 1.0 and verdict["min_vs_blis"] == 0.9
     assert verdict["small_vs_numpy"] == 0.5  # 64^3 is judged on its own target
     assert verdict["below_min"] == ["256x256x256 float32 1t: 0.80"]
+
+
+def test_blas_grid_scores_cells_read_from_dram_against_the_roof_beside_them(tmp_path, monkeypatch):
+    from harness.experiments import blas_grid
+
+    monkeypatch.setattr(machine, "last_level_cache_bytes", lambda: 1024)  # so that 1x64x64 streams
+    monkeypatch.setattr(machine, "read_gbps_now", lambda nbytes, threads: 2.0)
+    shape = parse_shape("1x64x64")
+    assert blas_grid.streams_from_memory(shape, "float32") and not blas_grid.streams_from_memory(
+        parse_shape("64"), "float32"
+    )  # 64^3 does 32 FLOPs a byte: compute, not memory
+    data = blas_grid.run(tmp_path, shapes=("1x64x64",), threads=(1,), dtypes=("float32",), rounds=3, sample_time=0.001)
+    (row,) = data["rows"]
+    nbytes = blas_grid.read_bytes(shape, "float32")
+    for name, seconds in row["seconds"].items():  # the median round's share of a roof of 2 GB/s
+        assert row["roof_pct"][name] == pytest.approx(100 * nbytes / seconds / 1e9 / 2.0)
+    assert "read their operands from DRAM" in blas_grid.summarize(
+        data
+    ) and "1x64x64 float32 1t: c.packed" in blas_grid.summarize(data)
 
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))

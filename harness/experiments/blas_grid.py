@@ -31,6 +31,8 @@ import sys
 import time
 from typing import Sequence
 
+import numpy as np
+
 from harness.backends.peers import blis_description
 from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
 from harness.experiments.common import pyplot, write
@@ -96,6 +98,13 @@ def add_arguments(parser) -> None:
 # The peers c.packed is compared with besides NumPy: column key -> registered implementation.
 PEERS = {"blis": "blis.gemm", "torch": "torch.cpu"}
 
+# A cell streams its operands from DRAM when what it reads is over twice the last-level cache
+# and it does fewer FLOPs per byte than this (GEMV, a few rows, matrix-vector): its time is
+# the memory's, which on a shared host moves by a third from minute to minute. Each of its
+# samples is followed by the read roof measured over as many bytes on the same threads, so
+# each library's time is also a fraction of the roof it had then (``roof_pct``).
+STREAMED_MAX_FLOPS_PER_BYTE = 16
+
 
 def blis_kernel() -> str | None:
     """Which BLIS runs and its kernel set (haswell, skx, zen3, generic...), or None without one."""
@@ -117,6 +126,18 @@ def _sample(call, sample_time: float, settle: float = 0.0) -> float:
     return (time.perf_counter() - start) / batch
 
 
+def read_bytes(shape: Shape, dtype: str) -> int:
+    """What a product reads at least: A and B once."""
+    m, n, k = shape
+    return (m * k + k * n) * np.dtype(dtype).itemsize
+
+
+def streams_from_memory(shape: Shape, dtype: str) -> bool:
+    """Whether a cell's time is set by reading its operands from DRAM (STREAMED_MAX_FLOPS_PER_BYTE)."""
+    nbytes = read_bytes(shape, dtype)
+    return nbytes > 2 * machine.last_level_cache_bytes() and shape.flops < STREAMED_MAX_FLOPS_PER_BYTE * nbytes
+
+
 def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_time: float) -> dict:
     a, b = make_inputs(shape, dtype)
     packed = Matmul(lookup("c.packed"), threads=threads)
@@ -131,11 +152,19 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
             call = Matmul(peer, threads=threads)
             calls[key] = lambda call=call: call(a, b)
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    streamed = streams_from_memory(shape, dtype)
+    roof_pcts: dict[str, list[float]] = {name: [] for name in calls}  # streamed cells: each sample's % of the roof
+
+    def sample(name: str) -> None:
+        samples[name].append(_sample(calls[name], sample_time))
+        if streamed and (roof := machine.read_gbps_now(read_bytes(shape, dtype), threads)):
+            roof_pcts[name].append(100.0 * read_bytes(shape, dtype) / samples[name][-1] / 1e9 / roof)
+
     with blas_limits(threads):
         if threads == 1:
             for _ in range(rounds):  # interleaved: a drift in the machine's speed hits every library alike
-                for name, call in calls.items():
-                    samples[name].append(_sample(call, sample_time))
+                for name in calls:
+                    sample(name)
         else:
             # One library at a time: on a machine with as many cores as threads, a library's
             # idle workers (spinning, or slow to wake) take a core from the next one for a
@@ -144,10 +173,12 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
                 time.sleep(SETTLE_SECONDS)
                 _sample(call, sample_time)  # its threads awake and its data in cache
                 for _ in range(rounds):
-                    samples[name].append(_sample(call, sample_time))
+                    sample(name)
     seconds = {name: statistics.median(values) for name, values in samples.items()}
     gflops = {name: shape.flops / s / 1e9 for name, s in seconds.items()}
     row = {**entry, "seconds": seconds, "gflops": gflops}
+    if any(roof_pcts.values()):
+        row["roof_pct"] = {name: statistics.median(pcts) for name, pcts in roof_pcts.items() if pcts}
     for other, key in (("numpy", "vs_numpy"), *((peer, f"vs_{peer}") for peer in PEERS)):
         if other not in samples:
             row[key], row[key + "_range"] = None, None
@@ -176,13 +207,31 @@ def verdict(rows: list[dict]) -> dict:
         "min_vs_blis": min(blis) if blis else None,
         "min_vs_torch": min(torch) if torch else None,
         "below_min": [
-            f"{r['shape']} {r['dtype']} {r['threads']}t: {r['vs_numpy']:.2f}"
+            f"{r['shape']} {r['dtype']} {r['threads']}t: {r['vs_numpy']:.2f}" + _roof_note(r)
             for r in grid
             if r["vs_numpy"] < TARGET_MIN
         ],
     }
     result["small_vs_numpy"] = min((r["vs_numpy"] for r in small), default=None)
     return result
+
+
+def _roof_note(row: dict) -> str:
+    """ " (c.packed 81%, NumPy 84% of the read roof)" for a streamed cell, else ""."""
+    pcts = row.get("roof_pct") or {}
+    if "c.packed" not in pcts or "numpy" not in pcts:
+        return ""
+    return f" (c.packed {pcts['c.packed']:.0f}%, NumPy {pcts['numpy']:.0f}% of the read roof)"
+
+
+def roof_lines(rows: list[dict]) -> list[str]:
+    """One line per streamed cell: each library's median % of the read roof measured after its samples."""
+    return [
+        f"{r['shape']} {r['dtype']} {r['threads']}t: "
+        + ", ".join(f"{name} {pct:.0f}%" for name, pct in r["roof_pct"].items())
+        for r in rows
+        if r.get("roof_pct")
+    ]
 
 
 def run(
@@ -276,6 +325,16 @@ def summarize(data: dict) -> str:
             + (f"{v['min_vs_torch']:.2f}x" if v.get("min_vs_torch") is not None else "not measured")
             + f". BLIS: {data['blis_kernel'] or 'not installed'}."
         )
+    streamed = roof_lines(data["rows"])
+    if streamed:
+        text += [
+            "",
+            "Cells that read their operands from DRAM, where the memory sets the time: each library's "
+            "median share of the read roof measured right after each of its samples (as many bytes, the "
+            "same threads), so that a slow minute shows as a low roof, not as a slow library:",
+            "",
+            *(f"- {line}" for line in streamed),
+        ]
     return "\n".join(text)
 
 
@@ -294,7 +353,16 @@ def findings(data: dict) -> list[str]:
     if v.get("small_vs_numpy") is not None:
         lines.append(f"64^3 through the public call: {v['small_vs_numpy']:.2f}x NumPy")
     if v["below_min"]:
-        lines.append(f"{len(v['below_min'])} case(s) below {TARGET_MIN}x NumPy")
+        lines.append(f"{len(v['below_min'])} case(s) below {TARGET_MIN}x NumPy: {'; '.join(v['below_min'])}")
+    shares = {
+        name: [r["roof_pct"][name] for r in data["rows"] if name in r.get("roof_pct", {})]
+        for name in ("c.packed", "numpy")
+    }
+    if all(shares.values()):
+        lines.append(
+            "cells read from DRAM, share of the read roof measured beside each sample: "
+            + ", ".join(f"{name} {min(p):.0f}-{max(p):.0f}%" for name, p in shares.items())
+        )
     return lines
 
 
