@@ -194,6 +194,42 @@ MATMUL_API double matmul_measure_int8_gops(int64_t trials, double *median_gops) 
         trial = trial_avx2_int8;
     return best_of(trial, trials, median_gops);
 }
+
+/* The BF16 roof, for c.bf16 and torch's bfloat16 matmul: one core's rate of AVX512_BF16's
+ * vdpbf16ps (16 float32 lanes, each adding the products of a pair of bfloat16s: 64 FLOPs an
+ * instruction), BF16_CHAINS independent chains: its latency is longer than an FMA's (on a Zen 5,
+ * 12 chains reached 510 GFLOP/s and 16 chains 549, twice the float32 FMA roof; 20 spill). Measured
+ * only where c.bf16 runs that instruction (bf16.c's choice): on a CPU with AMX it runs the tile
+ * unit, whose rate this does not give. */
+#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+enum { BF16_CHAINS = 16 };
+
+static AVX512BF16 double trial_avx512_bf16(int64_t n) {
+    __m512 acc[BF16_CHAINS];
+    /* bfloat16 1.0 and about 1e-7: the sums grow by a little each round, never to inf */
+    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x33d7);
+    for (int j = 0; j < BF16_CHAINS; ++j) acc[j] = _mm512_set1_ps((float)(j + 1));
+    double t0 = now_seconds();
+    for (int64_t i = 0; i < n; ++i)
+        for (int j = 0; j < BF16_CHAINS; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
+    double t1 = now_seconds();
+    __m512 total = acc[0];
+    for (int j = 1; j < BF16_CHAINS; ++j) total = _mm512_add_ps(total, acc[j]);
+    float lanes[16];
+    __builtin_memcpy(lanes, &total, sizeof lanes);
+    sink = (double)lanes[0];
+    return 4.0 * 16 * BF16_CHAINS * (double)n / (t1 - t0);
+}
+
+enum { BF16_VARIANT_AVX512BF16 = 4 }; /* bf16.c's number for the variant */
+int64_t matmul_bf16_resolve_variant(int64_t variant);
+
+/* One core's BF16 roof in GFLOP/s, best of `trials` (the median to *median_gflops when not
+ * NULL); 0 where c.bf16 does not run vdpbf16ps (no AVX512_BF16, or AMX instead). */
+MATMUL_API double matmul_measure_bf16_gflops(int64_t trials, double *median_gflops) {
+    const int runs = matmul_bf16_resolve_variant(0) == BF16_VARIANT_AVX512BF16;
+    return best_of(runs ? trial_avx512_bf16 : 0, trials, median_gflops);
+}
 #else
 MATMUL_API double matmul_measure_fma_gflops(int64_t elem_size, int64_t trials, double *median_gflops) {
     (void)elem_size;
@@ -206,6 +242,12 @@ MATMUL_API double matmul_measure_int8_gops(int64_t trials, double *median_gops) 
     (void)trials;
     if (median_gops) *median_gops = 0.0;
     return 0.0; /* not measured here: no int8 roof */
+}
+
+MATMUL_API double matmul_measure_bf16_gflops(int64_t trials, double *median_gflops) {
+    (void)trials;
+    if (median_gflops) *median_gflops = 0.0;
+    return 0.0; /* not measured here: no BF16 roof */
 }
 #endif
 

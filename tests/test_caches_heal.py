@@ -279,6 +279,7 @@ def test_the_roof_bounds_follow_the_clock_and_the_simd_width(roof_cache, monkeyp
     assert machine.roof_bound("float32") == pytest.approx(1.25 * 96)
     assert machine.roof_bound("float64") == pytest.approx(1.25 * 48)
     assert machine.roof_bound("int8_gops") == pytest.approx(1.25 * 384)  # 32 bytes, 2 ops, 2 units
+    assert machine.roof_bound("bfloat16") == pytest.approx(1.25 * 192)  # 8 lanes, 2 pairs, 2 FLOPs, 2 units
     assert machine.roof_bound("read_gbps") == pytest.approx(1.25 * 288)
     assert machine.roof_bound("read_gbps_4_threads") == pytest.approx(4 * 1.25 * 288)
     roof_cache.parent.mkdir(parents=True)

@@ -157,7 +157,10 @@ def compare(
     implementations are those that take quantized weights. ``weights_from``: "dram" (the
     default) times each CPU row of a decode problem over copies of W that add up to four times
     the last-level cache or more, so every call reads W from memory, as a model's decode does;
-    "cache" repeats one W. Each row says which it got (``Row.weights_from``).
+    "cache" repeats one W. Each row says which it got (``Row.weights_from``). After each round
+    of a problem whose CPU rows read W from DRAM, the read roof is measured over as many bytes on
+    the same threads, and those rows' ``memory_pct`` is against its median over the rounds
+    (``Row.memory_roof``: "beside"; else the best this machine kept, "best kept").
 
     ``isolate``: "user" (the default) checks and times your own kernels (``FILE:FUNCTION``) in
     a worker process each (isolation.py), where a crash or a hang is a row, not the end of the

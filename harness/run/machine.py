@@ -158,7 +158,13 @@ def _machine_key() -> str:
 # What no single core reaches, by far (the widest today: about 300 FP32 GFLOP/s, 50 GB/s
 # streamed): a kept roof beyond it is a damaged cache, not a measurement, and would make
 # every "% peak" read 0%.
-ROOF_LIMITS = {"float32": 10_000.0, "float64": 10_000.0, "int8_gops": 40_000.0, "read_gbps": 1_000.0}
+ROOF_LIMITS = {
+    "float32": 10_000.0,
+    "float64": 10_000.0,
+    "bfloat16": 20_000.0,
+    "int8_gops": 40_000.0,
+    "read_gbps": 1_000.0,
+}
 
 
 # A kept roof must also be one this machine can reach: an FMA roof of one core is at most its
@@ -192,10 +198,12 @@ def roof_bound(kind: str) -> float | None:
     GB/s), or None when the clock is not known."""
     clock = _max_clock_ghz()
     threads = _read_threads(kind)
-    if clock is None or (kind not in ("float32", "float64", "int8_gops") and threads is None):
+    if clock is None or (kind not in ("float32", "float64", "bfloat16", "int8_gops") and threads is None):
         return None
     if kind == "int8_gops":  # a byte product per SIMD byte, a multiply-add two ops, on as many pipes as FMAs
         return BOUND_MARGIN * clock * (simd_bits() // 8) * 2 * FMA_UNITS_PER_CORE
+    if kind == "bfloat16":  # a pair of products per 32-bit lane, a multiply-add two FLOPs
+        return BOUND_MARGIN * clock * (simd_bits() // 32) * 4 * FMA_UNITS_PER_CORE
     if threads is None:
         lanes = simd_bits() // (32 if kind == "float32" else 64)
         return BOUND_MARGIN * clock * lanes * 2 * FMA_UNITS_PER_CORE
@@ -388,6 +396,24 @@ def measured_int8_roof() -> dict | None:
     return remember_roofs(_machine_key(), {"int8_gops": entry}, {"int8_gops": roof_bound("int8_gops")})["int8_gops"]
 
 
+@lru_cache(maxsize=None)
+def measured_bf16_roof() -> dict | None:
+    """One core's BF16 roof, {"best": GFLOP/s, "median": ...}: AVX512_BF16's vdpbf16ps
+    (c/cpu_roofs.c), kept per machine as the FMA roofs are; None where c.bf16 does not run
+    that instruction (no AVX512_BF16; or AMX, whose rate is not measured). What the bfloat16
+    rows (c.bf16, torch's bfloat16 matmul) are scored against."""
+    try:
+        ffi, lib = clib.load()
+        measure = lib.matmul_measure_bf16_gflops
+    except Exception:
+        return None
+    median = ffi.new("double *")
+    entry = {"best": round(float(measure(ROOF_TRIALS, median)), 2), "median": round(float(median[0]), 2)}
+    if not _plausible_roof("bfloat16", entry):
+        return None
+    return remember_roofs(_machine_key(), {"bfloat16": entry}, {"bfloat16": roof_bound("bfloat16")})["bfloat16"]
+
+
 def cpu_int8_peak_gops(cores: int = 1) -> float | None:
     """The int8 roof of ``cores`` cores (one core's, measured, times ``cores``), or None."""
     roof = measured_int8_roof()
@@ -402,7 +428,10 @@ def _roof_cache_path():
 def cpu_peak_gflops(dtype: str, cores: int = 1) -> float | None:
     """Peak FLOP rate of ``cores`` cores: one core's measured FMA throughput (best of many
     trials) times ``cores``; where that cannot be measured, clock x SIMD lanes x 2 (an FMA is
-    two FLOPs) x FMA units."""
+    two FLOPs) x FMA units. bfloat16: the measured vdpbf16ps roof where c.bf16 runs it, else None."""
+    if dtype == "bfloat16":
+        roof = measured_bf16_roof()
+        return roof["best"] * cores if roof else None
     bytes_per_element = {"float32": 4, "float64": 8}.get(dtype)
     if bytes_per_element is None:
         return None
@@ -511,6 +540,13 @@ def machine_info(measure_clock: bool = True) -> dict:
         else:
             info["cpu_peak_basis"] = (
                 f"measured clock x {simd_bits()}-bit SIMD x FMA (2 FLOPs) x {FMA_UNITS_PER_CORE} FMA units"
+            )
+        bf16 = measured_bf16_roof()
+        if bf16:
+            info["cpu_bf16_roof_gflops_per_core"] = bf16
+            info["cpu_bf16_roof_basis"] = (
+                f"one core's vdpbf16ps (AVX512_BF16: 64 FLOPs each), best of {ROOF_TRIALS} trials (median beside "
+                "it), kept per machine: the peak of the bfloat16 rows"
             )
         int8 = measured_int8_roof()
         if int8:
