@@ -99,11 +99,11 @@ def add_arguments(parser) -> None:
 PEERS = {"blis": "blis.gemm", "torch": "torch.cpu"}
 
 # A cell streams its operands from DRAM when what it reads is over twice the last-level cache
-# and it does fewer FLOPs per byte than this (GEMV, a few rows, matrix-vector): its time is
-# the memory's, which on a shared host moves by a third from minute to minute. Each of its
-# samples is followed by the read roof measured over as many bytes on the same threads, so
-# each library's time is also a fraction of the roof it had then (``roof_pct``).
-STREAMED_MAX_FLOPS_PER_BYTE = 16
+# and it does at most this many FLOPs per byte (GEMV and matrix-vector: 0.5 in float32): its
+# time is the memory's, which on a shared host moves by a third from minute to minute. The read
+# roof is measured over as many bytes on the same threads beside each library's samples, so
+# that each library's time is also a share of the roof it had then (``roof_pct``).
+STREAMED_MAX_FLOPS_PER_BYTE = 1
 
 
 def blis_kernel() -> str | None:
@@ -135,7 +135,7 @@ def read_bytes(shape: Shape, dtype: str) -> int:
 def streams_from_memory(shape: Shape, dtype: str) -> bool:
     """Whether a cell's time is set by reading its operands from DRAM (STREAMED_MAX_FLOPS_PER_BYTE)."""
     nbytes = read_bytes(shape, dtype)
-    return nbytes > 2 * machine.last_level_cache_bytes() and shape.flops < STREAMED_MAX_FLOPS_PER_BYTE * nbytes
+    return nbytes > 2 * machine.last_level_cache_bytes() and shape.flops <= STREAMED_MAX_FLOPS_PER_BYTE * nbytes
 
 
 def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_time: float) -> dict:
@@ -152,33 +152,42 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
             call = Matmul(peer, threads=threads)
             calls[key] = lambda call=call: call(a, b)
     samples: dict[str, list[float]] = {name: [] for name in calls}
-    streamed = streams_from_memory(shape, dtype)
-    roof_pcts: dict[str, list[float]] = {name: [] for name in calls}  # streamed cells: each sample's % of the roof
+    roofs: dict[str, list[float]] = {name: [] for name in calls}  # a streamed cell's read roofs beside each library
+    nbytes = read_bytes(shape, dtype)
 
-    def sample(name: str) -> None:
-        samples[name].append(_sample(calls[name], sample_time))
-        if streamed and (roof := machine.read_gbps_now(read_bytes(shape, dtype), threads)):
-            roof_pcts[name].append(100.0 * read_bytes(shape, dtype) / samples[name][-1] / 1e9 / roof)
+    def read_roof(name: str) -> None:
+        if streams_from_memory(shape, dtype) and (roof := machine.read_gbps_now(nbytes, threads)):
+            roofs[name].append(roof)
 
     with blas_limits(threads):
         if threads == 1:
             for _ in range(rounds):  # interleaved: a drift in the machine's speed hits every library alike
-                for name in calls:
-                    sample(name)
+                for name, call in calls.items():
+                    samples[name].append(_sample(call, sample_time))
+                    read_roof(name)
         else:
             # One library at a time: on a machine with as many cores as threads, a library's
             # idle workers (spinning, or slow to wake) take a core from the next one for a
-            # while after every switch, which interleaving would pay on every sample.
+            # while after every switch, which interleaving would pay on every sample (and the
+            # read roof too: it is measured before and after the block, once they sleep).
             for name, call in calls.items():
                 time.sleep(SETTLE_SECONDS)
+                read_roof(name)
                 _sample(call, sample_time)  # its threads awake and its data in cache
                 for _ in range(rounds):
-                    sample(name)
+                    samples[name].append(_sample(call, sample_time))
+                time.sleep(SETTLE_SECONDS)
+                read_roof(name)
     seconds = {name: statistics.median(values) for name, values in samples.items()}
     gflops = {name: shape.flops / s / 1e9 for name, s in seconds.items()}
     row = {**entry, "seconds": seconds, "gflops": gflops}
-    if any(roof_pcts.values()):
-        row["roof_pct"] = {name: statistics.median(pcts) for name, pcts in roof_pcts.items() if pcts}
+    if any(roofs.values()):
+        # each library's median time against the median of the roofs measured beside it
+        row["roof_pct"] = {
+            name: 100.0 * nbytes / seconds[name] / 1e9 / statistics.median(values)
+            for name, values in roofs.items()
+            if values
+        }
     for other, key in (("numpy", "vs_numpy"), *((peer, f"vs_{peer}") for peer in PEERS)):
         if other not in samples:
             row[key], row[key + "_range"] = None, None
@@ -225,7 +234,7 @@ def _roof_note(row: dict) -> str:
 
 
 def roof_lines(rows: list[dict]) -> list[str]:
-    """One line per streamed cell: each library's median % of the read roof measured after its samples."""
+    """One line per streamed cell: each library's share of the read roof measured beside its samples."""
     return [
         f"{r['shape']} {r['dtype']} {r['threads']}t: "
         + ", ".join(f"{name} {pct:.0f}%" for name, pct in r["roof_pct"].items())
@@ -330,8 +339,9 @@ def summarize(data: dict) -> str:
         text += [
             "",
             "Cells that read their operands from DRAM, where the memory sets the time: each library's "
-            "median share of the read roof measured right after each of its samples (as many bytes, the "
-            "same threads), so that a slow minute shows as a low roof, not as a slow library:",
+            "median time as a share of the read roof measured beside it (as many bytes, the same threads; "
+            "on one thread after each of its samples, on two before and after its block of samples), so "
+            "that a slow minute shows as a low roof, not as a slow library:",
             "",
             *(f"- {line}" for line in streamed),
         ]
@@ -360,7 +370,7 @@ def findings(data: dict) -> list[str]:
     }
     if all(shares.values()):
         lines.append(
-            "cells read from DRAM, share of the read roof measured beside each sample: "
+            "cells read from DRAM, share of the read roof measured beside them: "
             + ", ".join(f"{name} {min(p):.0f}-{max(p):.0f}%" for name, p in shares.items())
         )
     return lines
