@@ -384,16 +384,7 @@ def measured_int8_roof() -> dict | None:
     vpmaddubsw; c/cpu_roofs.c), kept per machine as the FMA roofs are; None where it cannot be
     measured. What the kernels that multiply bytes (c.decode_int8, llama.cpp) are scored
     against at prefill sizes, where the multiply-adds, not W's bytes, set the time."""
-    try:
-        ffi, lib = clib.load()
-        measure = lib.matmul_measure_int8_gops
-    except Exception:
-        return None
-    median = ffi.new("double *")
-    entry = {"best": round(float(measure(ROOF_TRIALS, median)), 2), "median": round(float(median[0]), 2)}
-    if not _plausible_roof("int8_gops", entry):
-        return None
-    return remember_roofs(_machine_key(), {"int8_gops": entry}, {"int8_gops": roof_bound("int8_gops")})["int8_gops"]
+    return _measured_core_roof("int8_gops", "matmul_measure_int8_gops")
 
 
 @lru_cache(maxsize=None)
@@ -402,16 +393,22 @@ def measured_bf16_roof() -> dict | None:
     (c/cpu_roofs.c), kept per machine as the FMA roofs are; None where c.bf16 does not run
     that instruction (no AVX512_BF16; or AMX, whose rate is not measured). What the bfloat16
     rows (c.bf16, torch's bfloat16 matmul) are scored against."""
+    return _measured_core_roof("bfloat16", "matmul_measure_bf16_gflops")
+
+
+def _measured_core_roof(kind: str, function: str) -> dict | None:
+    """One core's roof of ``kind``, measured by the C library's ``function`` (trials, *median),
+    kept per machine (``remember_roofs``); None where the library lacks it or measures 0."""
     try:
         ffi, lib = clib.load()
-        measure = lib.matmul_measure_bf16_gflops
+        measure = getattr(lib, function)
     except Exception:
         return None
     median = ffi.new("double *")
     entry = {"best": round(float(measure(ROOF_TRIALS, median)), 2), "median": round(float(median[0]), 2)}
-    if not _plausible_roof("bfloat16", entry):
+    if not _plausible_roof(kind, entry):
         return None
-    return remember_roofs(_machine_key(), {"bfloat16": entry}, {"bfloat16": roof_bound("bfloat16")})["bfloat16"]
+    return remember_roofs(_machine_key(), {kind: entry}, {kind: roof_bound(kind)})[kind]
 
 
 def cpu_int8_peak_gops(cores: int = 1) -> float | None:
