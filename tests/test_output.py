@@ -137,6 +137,16 @@ def test_a_decode_table_at_80_columns_keeps_every_cell_whole():
     assert "GB/s" in wide and "0.00124" in wide and "GB/s" not in text
 
 
+def test_a_decode_row_above_the_memory_roof_is_flagged_and_explained():
+    made = decode_rows()
+    made[1].memory_pct, made[1].memory_roof_gbps, made[1].memory_roof = 139.0, 22.4, "beside"
+    text = " ".join(Results(made, {}, {}).render(80).split())
+    assert "139%?" in text and "above 100% of the memory roof" in text
+    assert "against the read roof measured beside the rows" in text and "22.4 GB/s" in text
+    assert "above 100% of the peak" not in text  # the table has no % peak column
+    assert "above 100% of the memory roof" not in Results(decode_rows(), {}, {}).render(80)
+
+
 def test_rows_that_did_not_run_share_one_line_per_reason():
     text = Results(rows(), {}, {}).render(80)
     section = text.split("not run here:")[1]

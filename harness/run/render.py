@@ -176,9 +176,15 @@ def render(results: "Results", width: int | None = None) -> str:
             f"! the timings of this row spread over ±{NOISY_SPREAD:.0%}: the machine was busy; "
             "rerun it, or raise --min-time"
         )
-    if any(row.peak_pct is not None and row.peak_pct > 100 for row in results.ran()):
+    # a decode table shows % mem instead of % peak
+    if not results.decode and any(row.peak_pct is not None and row.peak_pct > 100 for row in results.ran()):
         notes.append(
             "? above 100% of the peak: the roof was under-measured on this machine (see the JSON's machine section)"
+        )
+    if any(row.memory_pct is not None and row.memory_pct > 100 for row in results.ran()):
+        notes.append(
+            "? above 100% of the memory roof: the roof read less than the row did (measured beside it, a busy or "
+            "slow moment of the host's memory fell on the roof; --rounds 3 takes the median of three)"
         )
     stand_ins = sorted({row.mode for row in results.ran() if row.mode != "native"})
     if stand_ins:
