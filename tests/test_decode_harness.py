@@ -184,6 +184,23 @@ def test_torchs_int4_kernel_gets_the_q4_0_weights_exactly():
     assert refused.status.startswith("skipped") and "multiple of 16" in refused.status
 
 
+def test_q4_k_reaches_torchs_int4_kernel_as_scales_and_zero_points():
+    rng = np.random.default_rng(3)
+    w = quant.quantize(rng.standard_normal((16, 512)).astype(np.float32), "q4_K")
+    q, scales, zeros = quant.int4_group_operands(w)
+    assert q.dtype == np.uint8 and q.max() <= 15 and scales.shape == zeros.shape == (16, 16)
+    rebuilt = (q.astype(np.float64) - 8) * np.repeat(scales, 32, axis=1) + np.repeat(zeros, 32, axis=1)
+    np.testing.assert_allclose(rebuilt, w.dequantize(), rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(zeros).max())
+    with pytest.raises(MatmulInputError, match="q4_0 or q4_K"):
+        quant.int4_group_operands(quant.quantize(np.ones((16, 64), np.float32), "q8_0"))
+    if not harness.lookup("torch.int4").available:
+        pytest.skip(harness.lookup("torch.int4").unavailable_reason())
+    shapes = ["1x16x256", "3x32x512", "17x48x4352"]
+    results = harness.compare(shapes, ["torch.int4"], weights=["q4_K"], min_time=0.01, baselines=False, threads=2)
+    for shape in shapes:
+        assert results.row("torch.int4", shape, weights="q4_K").passed, shape
+
+
 def test_the_int8_roof_is_measured_within_what_the_core_allows():
     from harness.run import machine
 

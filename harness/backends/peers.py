@@ -12,10 +12,11 @@ actually use:
   description says which library and kernel set ran.
 - ``torch.cpu``: ``torch.matmul`` on CPU tensors (MKL or oneDNN in PyTorch's CPU builds).
 - ``torch.int4``: PyTorch's CPU weight-only int4 kernel (``_weight_int4pack_mm_for_cpu``) on
-  decode problems with q4_0 weights. Its format is group-wise int4 with a scale and a zero
-  point per group; q4_0 is exactly that with groups of 32 and zero points 0 (w = (q - 8) d),
-  so the same weights reach it bit for bit, repacked in prepare. (torch's int8 kernel keeps
-  one scale per row, which no q8_0 matrix is: it has no row here.)
+  decode problems with q4_0 or q4_K weights. Its format is group-wise int4 with a scale and a
+  zero point per group; q4_0 is exactly that with groups of 32 and zero points 0 (w = (q - 8) d),
+  so the same weights reach it bit for bit, repacked in prepare; q4_K's sub-blocks of 32 are
+  its groups, with scale d * sc and zero 8 d sc - dmin m (the zero rounds once in float32).
+  (torch's int8 kernel keeps one scale per row, which no q8_0 matrix is: it has no row here.)
 
 All take a ``threads`` option (BLIS's and PyTorch's own thread counts).
 """
@@ -30,7 +31,7 @@ import numpy as np
 
 from harness.model.core import Backend, Implementation, Prepared
 from harness.model.inputs import bfloat16_dtype
-from harness.model.quant import int4_operands
+from harness.model.quant import int4_group_operands
 from harness.model.registry import register
 
 # CBLAS enums
@@ -272,10 +273,11 @@ class _TorchInt4Prepared(Prepared):
 
         if threads is not None:
             torch.set_num_threads(int(threads))
-        nibbles, scales = int4_operands(weights)  # [N, K] 0..15, [N, K / 32]
+        nibbles, scales, zeros = int4_group_operands(weights)  # [N, K] 0..15, [N, K / 32] twice
         self.w = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(nibbles.astype(np.int32)), 1)
         scale = torch.from_numpy(np.ascontiguousarray(scales.T))  # [K / 32, N]
-        self.scales_and_zeros = torch.stack([scale, torch.zeros_like(scale)], dim=-1).contiguous()
+        zero = torch.from_numpy(np.ascontiguousarray(zeros.T))
+        self.scales_and_zeros = torch.stack([scale, zero], dim=-1).contiguous()
         self.x = torch.tensor(x)
         self.mm = torch.ops.aten._weight_int4pack_mm_for_cpu
         self.y = None
@@ -340,8 +342,8 @@ register(
         language="torch",
         device="cpu",
         dtypes=("float32",),
-        weights=("q4_0",),
-        summary="torch's CPU weight-only int4 kernel, q4_0 as group-32 int4 with zero points 0 (a peer)",
+        weights=("q4_0", "q4_K"),
+        summary="torch's CPU weight-only int4 kernel: q4_0 and q4_K as group-32 int4, scales and zeros (a peer)",
         backend=TorchInt4Backend(),
         options={"threads": None},
         threaded=True,

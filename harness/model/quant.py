@@ -460,9 +460,30 @@ def _quantize_q4_k(w32: np.ndarray, n: int, k: int) -> np.ndarray:
 def int4_operands(weights):
     """(q [N, K] uint8 0..15, scales [N, K/32] float32) of q4_0 weights, weight = scale * (q - 8):
     the operands of torch's int4 kernels (backends/torch_int4.py, peers.py)."""
+    q, scales, _ = int4_group_operands(weights)
+    return q, scales
+
+
+def int4_group_operands(weights):
+    """(q [N, K] uint8 0..15, scales and zeros [N, K/32] float32) with weight = (q - 8) * scale +
+    zero for each group of 32 along K: torch's group-wise int4 format. q4_0 is it with zeros 0
+    (bit for bit); q4_K's sub-blocks are its groups, scale = d * sc_j and zero = 8 * scale -
+    dmin * m_j (d * sc_j * q - dmin * m_j; the zero rounds once in float32)."""
     n, k = weights.n, weights.k
+    if weights.format == "q4_K":
+        blocks = weights.data.reshape(n, k // 256, 144)
+        d = np.ascontiguousarray(blocks[..., 0:2]).view("<f2")[..., 0].astype(np.float32)
+        dmin = np.ascontiguousarray(blocks[..., 2:4]).view("<f2")[..., 0].astype(np.float32)
+        sc, m = _q4_k_scales_and_mins(blocks)
+        scales = d[..., None] * sc.astype(np.float32)  # [N, K / 256, 8]: exact (11 x 6 bits)
+        zeros = np.float32(8) * scales - dmin[..., None] * m.astype(np.float32)
+        qs = blocks[..., 16:144].reshape(n, k // 256, 4, 32)
+        q = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(n, k)  # sub-blocks 2c, 2c + 1 of each 64
+        return q, scales.reshape(n, k // 32), zeros.reshape(n, k // 32)
+    if weights.format != "q4_0":
+        raise MatmulInputError(f"int4 operands are made from q4_0 or q4_K weights, not {weights.format}")
     blocks = weights.data.reshape(n, k // 32, 18)
     scales = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0].astype(np.float32)
     packed = blocks[..., 2:]
     q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(n, k)  # weights 0..15, then 16..31
-    return q, scales
+    return q, scales, np.zeros_like(scales)
