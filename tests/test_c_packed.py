@@ -206,6 +206,19 @@ def test_vector_paths_give_the_same_bits_for_every_thread_count(dtype):
             np.testing.assert_array_equal(result, results[1], err_msg=f"{threads} threads, {shape}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_gemv_whose_b_streams_from_memory_reads_ahead_to_the_same_bits(dtype):
+    # Past half of L3, one thread reads B's rows ahead by hand and two threads do not: the
+    # sums are the same, to the bit, and right, with N ragged against the cache lines and the
+    # 32 KiB chunks of y, and K against the eight rows per pass.
+    itemsize = np.dtype(dtype).itemsize
+    k = 1031
+    n = c_backend.packed_blocking("auto", dtype)["L3"] // 2 // (k * itemsize) + 4099
+    a, b = harness.make_inputs(Shape(1, n, k), dtype)
+    read_ahead = _check(Shape(1, n, k), dtype, threads=1)
+    np.testing.assert_array_equal(read_ahead, harness.get("c.packed", threads=2)(a, b))
+
+
 def test_paths_are_chosen_by_shape_and_can_be_forced():
     # With K past KC the loop nest sums K in KC-long pieces and the direct path in one chain,
     # so the two round differently and the bits show which path ran.
