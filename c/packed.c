@@ -619,7 +619,7 @@ MATMUL_API int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, 
     switch (path) {
     case PACKED_PATH_VECTOR: {
         /* GEMV: one vector and one matrix (for M = N = 1, a dot product: the N = 1 path). */
-        struct vector_job job = {A, B, C, M, N, K, 1, 1};
+        struct vector_job job = {A, B, C, M, N, K, 1, 1, 0};
         const int64_t length = N == 1 ? M : N;
         job.group = N == 1 ? DOT_ROWS : 64 / (int64_t)sizeof(real); /* DOT_ROWS rows; cache lines of y */
         job.parts = pool_threads_for(threads, (double)length * (double)K, (length + job.group - 1) / job.group);
