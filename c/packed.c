@@ -118,13 +118,15 @@ enum { GEMV_CHUNK = 32768 / sizeof(real), GEMV_ROWS = 8 };
 /* One thread streaming B from memory also reads each of the eight rows ahead by hand, this
  * many bytes past the cache line in use: the hardware prefetcher follows a stream only within
  * a 4 KiB page, so each of the eight streams stalls at every page it enters. On an AMD EPYC
- * Zen 5, one thread, medians of 25 interleaved calls against NumPy's OpenBLAS on one thread:
- * 1 x 4096 x 4096 float64 from 0.93-0.96x to 0.97-1.01x, 1 x 8192 x 8192 float64 from
- * 0.94-0.97x to 1.02-1.03x, float32 4-8% faster (1024 and 1536 bytes alike; 512 gained half
- * as much; a second step into L2 from 2-4 KiB ahead lost 5-15%). Only then: where B stays in
- * L3 the prefetches cost issue slots for lines already near (1 x 1024 x 1024 float64 5%
- * slower), and two threads streaming together already keep the memory system busy (1 x 8192 x
- * 8192, both dtypes, 5% slower). */
+ * Zen 5, one thread, medians of 25 interleaved calls against NumPy's OpenBLAS on one thread,
+ * reading ahead forced on: 1 x 4096 x 4096 float64 from 0.93-0.96x to 0.97-1.01x, 1 x 8192 x
+ * 8192 float64 from 0.94-0.97x to 1.02-1.03x, float32 4-8% faster (1024 and 1536 bytes alike;
+ * 512 gained half as much; a second step into L2 from 2-4 KiB ahead lost 5-15%). Only then:
+ * where B stays in L3 the prefetches cost issue slots for lines already near (1 x 1024 x 1024
+ * float64 5% slower), and two threads streaming together already keep the memory system busy
+ * (1 x 8192 x 8192, both dtypes, 5% slower). "Past half of L3" takes L3 as the system reports
+ * it: that Zen 5's virtual machine reports the host's 384 MiB, so there only a B past 192 MiB
+ * (1 x 8192 x 8192 float64, not 1 x 4096 x 4096) is read ahead. */
 enum { GEMV_AHEAD = 1024, GEMV_LINE = 64 / sizeof(real) };
 
 /* y[l] for l in [from, to) gains rows p .. p+7 of B: its FMA chain in order over p. */
