@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.backends import gpu
+from harness.backends.cuda import parameters
 from harness.backends.cuda import tensormap
 from harness.backends.cuda.plans import Launch, TensorMapArg
 from harness.backends.cuda.toolkit import compile_cubin, native_arch
@@ -62,11 +63,13 @@ class PyCudaLoader:
         self.driver = pycuda.driver
 
     def load(self, cubin: Path, kernel: str, signature: str, shared_bytes: int = 0):
-        module = self.driver.module_from_buffer(cubin.read_bytes())
+        image = cubin.read_bytes()
+        module = self.driver.module_from_buffer(image)
         function = module.get_function(kernel)
-        # A tensor map (T) is 128 bytes by value: struct format "128s". Tensor maps come first
-        # in the kernels' parameter lists, so each sits at a multiple of 64 bytes as it must.
-        function.prepare(signature.replace("T", "128s"))
+        # prepared_call passes one parameter buffer: each argument goes at the offset the
+        # compiler recorded in the cubin, which for a 128-byte aligned tensor map is not where a
+        # plain packing would put it (harness/backends/cuda/parameters.py).
+        function.prepare(parameters.buffer_format(kernel, signature, parameters.layout(image, kernel)))
         if shared_bytes > 48 * 1024:  # dynamic shared memory above 48 KiB is an opt-in per function
             function.set_attribute(self.driver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
 
