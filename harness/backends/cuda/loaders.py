@@ -25,8 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.backends import gpu
-from harness.backends.cuda import parameters
-from harness.backends.cuda import tensormap
+from harness.backends.cuda import parameters, tensormap
 from harness.backends.cuda.plans import Launch, TensorMapArg
 from harness.backends.cuda.toolkit import compile_cubin, native_arch
 from harness.env.switches import switch
