@@ -62,9 +62,9 @@ SELF="$ROOT/scripts/gpu_check.sh"
 PYTHON="${PYTHON:-python3}"
 
 # Name, seconds it needs at least to be worth starting, seconds it may take at most, and seconds
-# it is expected to take on an H200: measured there (the run of 2026-11-30, results/gpu/:
-# environment 7, loaders 4 with the prebuilt wheel, compile 9, sanitizer 13, 428 correctness
-# tests through two loaders 102) or estimated; "plan" for a comparison step: its groups'
+# it is expected to take on an H200: measured there (the runs of 2026-11-30 and 2026-12-04,
+# results/gpu/: environment 7, loaders 3-4 with the prebuilt wheel, compile 9, smoke 21,
+# sanitizer 13-15, 332-428 correctness tests 102-112) or estimated; "plan" for a comparison step: its groups'
 # DEVICE_SECONDS in scripts/gpu_steps.py plus their host-side setup, which
 # tests/test_gpu_check_dry_run.py measures where it runs, to check that the plan fits the
 # deadline with the decode rows written within its first 200 s.
@@ -73,7 +73,7 @@ STEPS=(
     "loaders 5 20 4"
     "compile 10 30 12"
     "smoke 15 75 30"
-    "decode 30 105 plan"
+    "decode 30 140 plan"
     "comparison 30 90 plan"
     "correctness 30 150 100"
     "sanitizer 15 45 15"
@@ -145,8 +145,9 @@ step_loaders() {
 
 step_compile() {
     cd "$ROOT" || return 1
-    "$PYTHON" -m harness cuda-info --arch sm_90 | tee "$STEP_DIR/cuda-info.txt" || return 1
-    "$PYTHON" -m harness list | tee "$STEP_DIR/list.txt"
+    # (not `harness list` as well: on a fresh machine it builds the C library, which took the
+    # step past its cap in the H200 run of 2026-12-04)
+    "$PYTHON" -m harness cuda-info --arch sm_90 | tee "$STEP_DIR/cuda-info.txt"
 }
 
 step_smoke() {

@@ -169,17 +169,17 @@ def default_groups(part: str | None = None) -> list[Group]:
 # setup (host_setup_seconds measures that): its process's start (Python, torch, the CUDA
 # context: about 5 s), compiles (nvcc's cubins are cached by the compile step; Triton about 2 s
 # a config), autotuning, the timed runs (min_time 0.1 s a row, the L2 flushed before each
-# repeat: about 0.3 s a row), copies to the GPU and the float64 references there. Estimates:
-# none of these groups has run as such; the H200 run of 2026-11-30 (results/gpu/) bounds them,
-# its comparison of the proven GEMM and GEMV kernels at these shapes (host setup included, two
-# loaders' worth of compiles) having taken 123 s. tests/test_gpu_check_dry_run.py adds the host
-# setup measured where it runs and checks that the plan fits the GPU script's deadline.
+# repeat: about 0.3 s a row), copies to the GPU and the float64 references there. Measured in
+# the H200 run of 2026-12-04 (results/gpu/2026-12-04/: a group's whole time there less its host
+# setup, 10-20 s), else estimated (the groups that did not run or finish there).
+# tests/test_gpu_check_dry_run.py adds the host setup measured where it runs and checks that
+# the plan fits the GPU script's deadline.
 DEVICE_SECONDS = {
-    "decode-q4_0": 35,  # 8 rows; triton.decode tunes 6 configs (6 compiles), at 2 shapes
-    "gemm-new": 45,  # 8 rows; triton.matmul_tma tunes 8 configs at 2 shapes
-    "decode-more": 40,  # 8 rows; triton.decode tunes 6 configs for each of 2 formats
-    "decode-batch": 35,  # 6 rows; triton.decode's rows kernel tunes up to 9 configs per shape
-    "decode-cublas-bf16": 8,  # 2 rows
+    "decode-q4_0": 95,  # 8 rows; killed at 102 s after its 7th, 20 s of it host setup
+    "gemm-new": 25,  # 8 rows; triton.matmul_tma tunes 8 configs at 2 shapes (25 s in all)
+    "decode-more": 45,  # 8 rows; triton.decode tunes 6 configs for each of 2 formats (62 s in all)
+    "decode-batch": 30,  # 6 rows; triton.decode's rows kernel tunes up to 9 configs per shape (41 s)
+    "decode-cublas-bf16": 12,  # 2 rows (17 s in all)
     "decode-q4_K": 20,  # 2 rows; triton.decode tunes 6 configs
     "gemv": 20,  # 8 rows; triton.gemv tunes per dtype
     "gemm": 90,  # 25 rows to measure (the rest refused, or measured by gemm-new); triton.matmul tunes per problem
