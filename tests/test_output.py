@@ -341,3 +341,34 @@ def test_ratios_far_below_one_still_say_something():
     assert ratio_text(0.0323) == "1/31x" and ratio_text(1 / 312.4) == "1/312x"
     assert ratio_text(1 / 2904.0) == "1/2,904x"
     assert ratio_text(None) == "" and ratio_text(float("nan")) == "" and ratio_text(0.0) == ""
+
+
+def test_the_plot_keeps_apart_the_weight_formats_of_one_decode_kernel(tmp_path, monkeypatch):
+    """A decode kernel measured in q4_0 and q8_0 at one shape is two bars (and two lines at
+    M > 1), each named by its format; drawn under one name, the bars lay over each other."""
+    from harness.run import plotting
+
+    def decode_row(weights: str, shape: str, gbps: float) -> Row:
+        return Row(
+            "cuda.decode",
+            "cuda",
+            "gpu",
+            shape,
+            "float32",
+            "ok",
+            median_s=1e-4,
+            gflops=gbps / 2,
+            gbytes_per_s=gbps,
+            weights=weights,
+        )
+
+    rows = [
+        decode_row(w, s, g) for w, g in (("q4_0", 1400.0), ("q8_0", 1800.0)) for s in ("1x4096x4096", "4x4096x4096")
+    ]
+    drawn = {}
+    monkeypatch.setattr(plotting.files, "save_figure", lambda figure, path, **_: drawn.setdefault("figure", figure))
+    plotting.plot(Results(rows, {}, {}), tmp_path / "plot.png")
+    lines_axes, bars_axes = drawn["figure"].axes
+    bar_names = [tick.get_text() for tick in bars_axes.get_yticklabels()]
+    assert bar_names == ["cuda.decode q4_0 1x4096x4096", "cuda.decode q8_0 1x4096x4096"]
+    assert sorted(line.get_label() for line in lines_axes.get_lines()) == ["cuda.decode q4_0", "cuda.decode q8_0"]

@@ -30,8 +30,13 @@ def plot(results: "Results", path, title: str | None = None) -> Path:
     )
     several_dtypes = len({row.dtype for row in timed}) > 1
 
+    def name_of(implementation: str, weights: str | None) -> str:
+        # a decode kernel runs once per weight format: each is a series (and a bar) of its own
+        return f"{implementation} {weights}" if weights else implementation
+
     def label(row):
-        return f"{row.implementation} ({row.dtype})" if several_dtypes else row.implementation
+        name = name_of(row.implementation, row.weights)
+        return f"{name} ({row.dtype})" if several_dtypes else name
 
     if timed and all(row.device == "gpu" for row in timed) and results.machine.get("gpu"):
         heading = title or f"matmul - {results.machine['gpu'].get('name', 'GPU')}"
@@ -50,16 +55,18 @@ def plot(results: "Results", path, title: str | None = None) -> Path:
         # one tick per shape, in order of FLOPs and labelled MxNxK: 512x512x1024 stays
         # readable, where a "size" axis (the cube root of M*N*K) would hide it
         shapes = sorted({row.shape for row in gemm}, key=lambda text: parse_shape(text).flops)
-        series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        series: dict[tuple[str, str | None, str], list[tuple[int, float]]] = {}
         for row in gemm:
-            series.setdefault((row.implementation, row.dtype), []).append((shapes.index(row.shape), row.gflops))
-        for (name, dtype), points in series.items():
+            key = (row.implementation, row.weights, row.dtype)
+            series.setdefault(key, []).append((shapes.index(row.shape), row.gflops))
+        for (implementation, weights, dtype), points in series.items():
             points.sort()
+            name = name_of(implementation, weights)
             ax.plot(
                 [p[0] for p in points],
                 [p[1] for p in points],
                 marker="o",
-                color=colours[name],
+                color=colours[implementation],
                 linestyle=styles[dtype],
                 label=f"{name} ({dtype})" if several_dtypes else name,
             )
