@@ -92,8 +92,8 @@ step_environment() {
         | tee "$STEP_DIR/gpu.txt" || status=1
     nvidia-smi > "$STEP_DIR/nvidia-smi.txt" 2>&1
     "$PYTHON" - <<'EOF' 2>&1 | tee "$STEP_DIR/packages.txt"
-import importlib, sys
-print("python", sys.version.split()[0], sys.executable)
+import importlib, os, sys
+print("python", sys.version.split()[0], os.path.basename(sys.executable))  # no path: results are committed
 for name in ("numpy", "torch", "triton", "cupy", "pycuda", "cffi", "cuda.core"):
     try:
         module = importlib.import_module(name)
