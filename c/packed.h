@@ -54,6 +54,7 @@ enum packed_path {
     PACKED_PATH_VECTOR = 1,
     PACKED_PATH_DIRECT = 2,
     PACKED_PATH_NEST = 3,
+    PACKED_PATH_VECTOR_READ_AHEAD = 4, /* the vector path, B read ahead whatever the CPU, size or threads */
 };
 
 typedef void (*packed_kernel_fn)(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
@@ -95,6 +96,10 @@ struct cache_sizes {
     int64_t l1, l2, l3; /* bytes: L1 data and L2 of one core, L3 as reported */
 };
 struct cache_sizes packed_cache_sizes(void);
+
+/* 1 on an AMD Zen 5 or later: choices measured to pay only there (packed_setup.c's deep_kc,
+ * packed.c's GEMV reading ahead) are taken by the CPU's family. */
+int packed_is_zen5_or_later(void);
 
 /* The block sizes of the loop nest (packed.c), derived from the cache sizes. */
 struct blocking {

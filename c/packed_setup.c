@@ -110,8 +110,8 @@ struct cache_sizes packed_cache_sizes(void) {
     return cache;
 }
 
-/* 1 on an AMD Zen 5 or later (family 0x1A on): see KC below. */
-static int b_sliver_past_l1;
+/* 1 on an AMD Zen 5 or later (family 0x1A on): see KC below, and packed_is_zen5_or_later. */
+static int zen5_or_later;
 
 static void read_core_family(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -120,11 +120,16 @@ static void read_core_family(void) {
     const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
     if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return;
     const unsigned base = (a >> 8) & 0xfu, family = base + (base == 0xfu ? (a >> 20) & 0xffu : 0u);
-    b_sliver_past_l1 = family >= 0x1a;
+    zen5_or_later = family >= 0x1a;
 #endif
 }
 
 static pthread_once_t family_once = PTHREAD_ONCE_INIT;
+
+int packed_is_zen5_or_later(void) {
+    pthread_once(&family_once, read_core_family);
+    return zen5_or_later;
+}
 
 /* Goto & van de Geijn's rules, with A broadcast and B loaded as vectors:
  *
@@ -156,14 +161,13 @@ struct blocking packed_blocking_for(const struct packed_kernel *k, size_t elem_s
     struct blocking b;
     b.mr = k->mr;
     b.nr = k->nr;
-    pthread_once(&family_once, read_core_family);
     b.kc = sizes.l1 * 3 / 4 / (b.nr * es);
     b.kc = max_i64(64, min_i64(1024, b.kc / 8 * 8));
     b.mc = sizes.l2 / 2 / (b.kc * es);
     b.mc = max_i64(b.mr, b.mc / b.mr * b.mr);
     b.nc = sizes.l3 / 2 / (b.kc * es);
     b.nc = max_i64(b.nr, min_i64(4096, b.nc) / b.nr * b.nr);
-    b.deep_kc = b_sliver_past_l1 ? max_i64(b.kc, min_i64(1024, sizes.l1 * 4 / 3 / (b.nr * es) / 8 * 8)) : b.kc;
+    b.deep_kc = packed_is_zen5_or_later() ? max_i64(b.kc, min_i64(1024, sizes.l1 * 4 / 3 / (b.nr * es) / 8 * 8)) : b.kc;
     return b;
 }
 

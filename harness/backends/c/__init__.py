@@ -232,7 +232,7 @@ def _tmpdir_hint() -> str:
 # amx, the others only portable, avx2 and avx512).
 VARIANTS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3, "avx512bf16": 4, "amx": 5}
 # c.packed's paths, by the numbers c/packed.c gives them.
-PACKED_PATHS = {"auto": 0, "vector": 1, "direct": 2, "nest": 3}
+PACKED_PATHS = {"auto": 0, "vector": 1, "direct": 2, "nest": 3, "vector_read_ahead": 4}
 _PACKED_ERRORS = {
     1: "the micro-kernel variant cannot run on this CPU or build",
     2: "the pack buffers could not be allocated (out of memory)",
@@ -333,7 +333,9 @@ class PackedBackend(CBackend):
 
     def check_status(self, code) -> None:
         if code == _PATH_ERROR:
-            raise MatmulInputError("c.packed: path='vector' needs M = 1 or N = 1 (a GEMV); use path='auto'")
+            raise MatmulInputError(
+                "c.packed: path='vector' needs M = 1 or N = 1 (a GEMV), as does 'vector_read_ahead'; use path='auto'"
+            )
         if code:
             raise RuntimeError(f"c.packed failed (code {code}): {_PACKED_ERRORS.get(code, 'unknown error')}")
 
