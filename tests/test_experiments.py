@@ -246,11 +246,25 @@ def test_decode_says_how_far_the_memory_roof_lets_ours_get_past_llama_cpp():
     assert "read roof measured beside the rows, 2 thread(s): 50.0 GB/s" in decode.summarize(data)
 
 
-def test_prefill_times_each_batch_per_token_beside_llama_cpp(tmp_path):
+def test_prefill_times_each_batch_per_token_beside_llama_cpp(tmp_path, monkeypatch):
     from harness.experiments import prefill
 
+    rounds_asked = []
+    real_compare = prefill.compare
+
+    def compare_in_rounds(*args, **kwargs):
+        rounds_asked.append(kwargs.get("rounds"))
+        return real_compare(*args, **kwargs)
+
+    monkeypatch.setattr(prefill, "compare", compare_in_rounds)
     data = prefill.run(
-        tmp_path, shape="64x256", batches=[1, 128], formats=["q8_0", "q4_K", "float32"], threads=[1], min_time=0.01
+        tmp_path,
+        shape="64x256",
+        batches=[1, 128],
+        formats=["q8_0", "q4_K", "float32"],
+        threads=[1],
+        min_time=0.01,
+        rounds=2,
     )
     assert (tmp_path / "prefill.json").is_file() and (tmp_path / "prefill.png").is_file()
     ours = [r for r in data["rows"] if r["implementation"] in prefill.OURS and r["status"] != "skipped"]
@@ -262,6 +276,7 @@ def test_prefill_times_each_batch_per_token_beside_llama_cpp(tmp_path):
     assert {r.get("peak_of") for r in ours if r["implementation"] == "c.packed"} <= {"float32", None}
     summary = prefill.summarize(data)
     assert "| 128 | 1 | q8_0 |" in summary and "time per token" in summary
+    assert "median of 2 rounds" in summary and rounds_asked == [2]
     lines = prefill.findings(data)
     assert lines and all(line.strip() for line in lines)
     if harness.lookup("llama.cpp.mul_mat").available:

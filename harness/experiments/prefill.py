@@ -34,6 +34,10 @@ FORMATS = ("q8_0", "q4_0", "q4_K", "float32")
 OURS = ("c.decode_int8", "c.decode", "c.packed")  # c.packed: the float32 product
 PEERS = ("llama.cpp.mul_mat", "llama.cpp.mul_mat_plain")
 TARGET_BATCHES = (128, 512, 1024)  # the prefill sizes the targets are stated at
+# Each problem's rows are timed in rounds (compare's rounds), each row's median round kept: on a
+# shared machine one row timed once caught a slow spell (q4_0 at M = 128 on two threads of a
+# Zen 4: 0.62x llama.cpp in one pass; 1.49x in five rounds a minute later).
+ROUNDS = 3
 
 
 def add_arguments(parser) -> None:
@@ -41,6 +45,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batches", nargs="+", type=count_at_least(1), default=list(BATCHES), help="batch sizes M")
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS, help="W's formats")
     parser.add_argument("--threads", nargs="+", type=count_at_least(1), default=[1, 2], help="thread counts")
+    parser.add_argument(
+        "--rounds",
+        type=count_at_least(1),
+        default=ROUNDS,
+        help="each problem's rows timed that many times in turn, each row's median round kept",
+    )
     parser.add_argument("--min-time", type=positive_seconds, default=0.2, help="seconds of timed runs per row")
 
 
@@ -48,7 +58,9 @@ def _impls() -> list[str]:
     return [name for name in (*OURS, *PEERS) if name in REGISTRY]
 
 
-def run(out_dir, shape=SHAPE, batches=BATCHES, formats=FORMATS, threads=(1, 2), min_time: float = 0.2) -> dict:
+def run(
+    out_dir, shape=SHAPE, batches=BATCHES, formats=FORMATS, threads=(1, 2), min_time: float = 0.2, rounds: int = ROUNDS
+) -> dict:
     n, k = (int(v) for v in shape.split("x"))
     rows = []
     for count in threads:
@@ -59,6 +71,7 @@ def run(out_dir, shape=SHAPE, batches=BATCHES, formats=FORMATS, threads=(1, 2), 
             threads=count,
             min_time=min_time,
             baselines=False,
+            rounds=rounds,
         )
         for row in results.rows:
             entry = {key: value for key, value in vars(row).items() if value is not None}
@@ -69,6 +82,7 @@ def run(out_dir, shape=SHAPE, batches=BATCHES, formats=FORMATS, threads=(1, 2), 
         "shape": f"{n}x{k}",
         "formats": list(formats),
         "threads": list(threads),
+        "rounds": rounds,
         "int8_roof_gops_per_core": machine.cpu_int8_peak_gops(1),
         "float32_roof_gflops_per_core": machine.cpu_peak_gflops("float32", cores=1),
         "memory_roof_gbps": {str(count): machine.memory_roof_gbps(count) for count in threads},
@@ -157,7 +171,12 @@ def summarize(data: dict) -> str:
         f"- W {data['shape']}; int8 roof (one core, measured): "
         + (f"{int8:.0f} GOP/s" if int8 else "not measured")
         + "; float32 FMA roof: "
-        + (f"{data['float32_roof_gflops_per_core']:.0f} GFLOP/s" if data.get("float32_roof_gflops_per_core") else "?"),
+        + (f"{data['float32_roof_gflops_per_core']:.0f} GFLOP/s" if data.get("float32_roof_gflops_per_core") else "?")
+        + (
+            f"; each time is its row's median of {data['rounds']} rounds, a problem's rows timed in turn"
+            if data.get("rounds", 1) > 1
+            else ""
+        ),
         "",
         "| M | threads | weights | ours | time per token | % peak | llama.cpp | its path | time per token | ours vs "
         "llama.cpp |",
