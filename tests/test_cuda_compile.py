@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from cuda_launches import planned_launches
 
 import harness
 from harness.backends.cuda import emulation, plans, resources, toolkit
@@ -66,18 +67,9 @@ def test_every_planned_kernel_exists():
     """The launches the harness plans name kernels that the sources define."""
     for impl in harness.implementations("cuda.*"):
         names = emulation.kernel_names(source_path(impl.source).read_text())
-        for dtype in impl.dtypes:
-            m = 1 if impl.operation == "gemv" else 64
-            # a decode kernel: one technique per weight format and tile of rows of X
-            techniques = (
-                [plans.decode_technique(fmt, m) for fmt in impl.weights for m in (1, 3, 16, 17)]
-                if impl.weights
-                else [impl.backend.technique]
-            )
-            for technique in techniques:
-                launch = plans.plan(technique, dtype, m, 64, 64)
-                assert launch.kernel in names, f"{impl.name} plans {launch.kernel}, not in {impl.source}"
-                assert len(launch.signature) == len(launch.args)
+        for _, launch in planned_launches(impl):
+            assert launch.kernel in names, f"{impl.name} plans {launch.kernel}, not in {impl.source}"
+            assert len(launch.signature) == len(launch.args)
 
 
 def test_compile_error_is_reported(tmp_path, monkeypatch):

@@ -12,28 +12,21 @@ from __future__ import annotations
 import struct
 
 import pytest
+from cuda_launches import planned_launches
 
 import harness
-from harness.backends.cuda import loaders, parameters, plans, toolkit
+from harness.backends.cuda import loaders, parameters, toolkit
 
 pytestmark = pytest.mark.skipif(toolkit.nvcc() is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda)")
 
 
-def planned_launches():
+def launches_on_every_arch():
     """(source, arch, launch) for every kernel the harness plans, on every architecture it is built for."""
     found = {}
     for impl in harness.implementations("cuda.*"):
-        for dtype in impl.dtypes:
-            m = 1 if impl.operation == "gemv" else 64
-            techniques = (
-                [plans.decode_technique(fmt, m) for fmt in impl.weights for m in (1, 3, 16, 17)]
-                if impl.weights
-                else [impl.backend.technique]
-            )
-            for technique in techniques:
-                launch = plans.plan(technique, dtype, m, 64, 64)
-                for arch in toolkit.archs_for(impl.source):
-                    found[(impl.source, arch, launch.kernel)] = launch
+        for _, launch in planned_launches(impl):
+            for arch in toolkit.archs_for(impl.source):
+                found[(impl.source, arch, launch.kernel)] = launch
     return [(source, arch, launch) for (source, arch, _), launch in sorted(found.items())]
 
 
@@ -67,7 +60,7 @@ def distinct_values(signature: str) -> list:
     return values
 
 
-@pytest.mark.parametrize("source, arch, launch", planned_launches(), ids=lambda v: getattr(v, "kernel", v))
+@pytest.mark.parametrize("source, arch, launch", launches_on_every_arch(), ids=lambda v: getattr(v, "kernel", v))
 def test_the_loaders_parameter_buffer_puts_each_argument_where_the_cubin_reads_it(source, arch, launch):
     cubin, _ = toolkit.compile_cubin(source, arch)
     layout = parameters.layout(cubin.read_bytes(), launch.kernel)
