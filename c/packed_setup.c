@@ -110,8 +110,10 @@ struct cache_sizes packed_cache_sizes(void) {
     return cache;
 }
 
-/* 1 on an AMD Zen 5 or later (family 0x1A on): see KC below, and packed_is_zen5_or_later. */
+/* 1 on an AMD Zen 5 or later (family 0x1A on): packed_is_zen5_or_later. */
 static int zen5_or_later;
+/* 1 on a Zen 4: family 0x19 with AVX-512 (Zen 3, the same family, has none). */
+static int zen4;
 
 static void read_core_family(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -121,6 +123,7 @@ static void read_core_family(void) {
     if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return;
     const unsigned base = (a >> 8) & 0xfu, family = base + (base == 0xfu ? (a >> 20) & 0xffu : 0u);
     zen5_or_later = family >= 0x1a;
+    zen4 = family == 0x19 && __builtin_cpu_supports("avx512f");
 #endif
 }
 
@@ -131,19 +134,35 @@ int packed_is_zen5_or_later(void) {
     return zen5_or_later;
 }
 
+/* Whether kernel k takes the deep KC below: every kernel on a Zen 5, the AVX-512 ones on a
+ * Zen 4 (its AVX2 kernel was 0.93-1.02x with it), where each was measured. */
+static int takes_deep_kc(const struct packed_kernel *k) {
+    pthread_once(&family_once, read_core_family);
+#ifdef PACKED_HAVE_X86
+    if (zen4) return k == &packed_avx512_f32 || k == &packed_avx512_f64;
+#endif
+    (void)k;
+    return zen5_or_later;
+}
+
 /* Goto & van de Geijn's rules, with A broadcast and B loaded as vectors:
  *
  * KC: the B sliver (KC x NR), reused by every micro-kernel call of loop 1, must stay in L1
  *     while the A micro-panels (MR x KC each) stream through it. Give the sliver three
  *     quarters of L1, leaving a quarter for the A micro-panel being read and the C tile. (Half
  *     of L1 was measured a few per cent slower: a longer KC amortises the micro-kernel's
- *     load/store of the C tile over more FMAs.) deep_kc: on a Zen 5, longer still wins
- *     where K is long and M spans several A blocks (the panel of B then lives in L3 anyway):
- *     a sliver of 4/3 of L1 (KC = 512 in float32 and float64) that streams from L2, against
- *     3/4 (KC = 288), with MC as for 3/4, one thread, interleaved with NumPy: 2048^3 1.04x
- *     faster in float32 and float64, 1024^3 float32 1.02x. Used for every shape, it lost
- *     3-11% where the panel is sized for L2 (small K, small M), so packed.c takes it only
- *     for the other shapes. Other CPUs keep 3/4, what was measured on them.
+ *     load/store of the C tile over more FMAs.) deep_kc: on a Zen 5 and a Zen 4, longer still
+ *     wins where K is long and M spans several A blocks (the panel of B then lives in L3
+ *     anyway): a sliver of 64 KiB (KC = 512 for the AVX-512 tiles in float32 and float64)
+ *     that streams from L2, with MC as for 3/4 of L1. On a Zen 5 (48 KiB of L1, so 4/3 of it;
+ *     3/4 is KC = 288), one thread, interleaved with NumPy: 2048^3 1.04x faster in float32
+ *     and float64, 1024^3 float32 1.02x. On a Zen 4 (32 KiB, so twice it; 3/4 is KC = 192),
+ *     one thread, 5-9 interleaved calls, two runs: 1.02-1.10x faster at 512^3-2048^3 and
+ *     1023 x 1025 x 1027 in both dtypes; KC = 768 and 1024 were no better than 512, and its
+ *     AVX2 kernel (KC = 1024 there) was 0.93-1.02x, so that one keeps 3/4 of L1. Used for
+ *     every shape, it lost 3-11% on the Zen 5 where the panel is sized for L2 (small K, small
+ *     M), so packed.c takes it only for the other shapes. Other CPUs keep 3/4, what was
+ *     measured on them.
  * MC: the packed A block (MC x KC) is re-read from L2 once per B sliver (every jr); half of
  *     L2 leaves room for the B panel lines passing through on their way to L1.
  * NC: the packed B panel (KC x NC) is re-read from L3 once per A block (every ic); half of
@@ -167,19 +186,20 @@ struct blocking packed_blocking_for(const struct packed_kernel *k, size_t elem_s
     b.mc = max_i64(b.mr, b.mc / b.mr * b.mr);
     b.nc = sizes.l3 / 2 / (b.kc * es);
     b.nc = max_i64(b.nr, min_i64(4096, b.nc) / b.nr * b.nr);
-    b.deep_kc = packed_is_zen5_or_later() ? max_i64(b.kc, min_i64(1024, sizes.l1 * 4 / 3 / (b.nr * es) / 8 * 8)) : b.kc;
+    b.deep_kc = takes_deep_kc(k) ? max_i64(b.kc, min_i64(1024, 65536 / (b.nr * es) / 8 * 8)) : b.kc;
     return b;
 }
 
-/* Fills sizes[0..7] with MR, NR, KC, MC, NC and the L1, L2, L3 sizes (bytes) they were derived
- * from, for a variant and an element size (4 or 8). Returns as matmul_packed_f32 does. */
+/* Fills sizes[0..8] with MR, NR, KC, MC, NC, the L1, L2, L3 sizes (bytes) they were derived
+ * from and the deep KC (KC where this CPU takes none), for a variant and an element size (4 or
+ * 8). Returns as matmul_packed_f32 does. */
 MATMUL_API int matmul_packed_blocking(int64_t variant, int64_t elem_size, int64_t *sizes) {
     if (elem_size != sizeof(float) && elem_size != sizeof(double)) return PACKED_ERR_ARGUMENT;
     const struct packed_kernel *k = packed_kernel_for(variant, (size_t)elem_size);
     if (!k) return PACKED_ERR_VARIANT;
     const struct blocking b = packed_blocking_for(k, (size_t)elem_size);
     const struct cache_sizes c = packed_cache_sizes();
-    const int64_t values[8] = {b.mr, b.nr, b.kc, b.mc, b.nc, c.l1, c.l2, c.l3};
+    const int64_t values[9] = {b.mr, b.nr, b.kc, b.mc, b.nc, c.l1, c.l2, c.l3, b.deep_kc};
     memcpy(sizes, values, sizeof values);
     return PACKED_OK;
 }

@@ -91,6 +91,7 @@ def test_variants_listing_and_auto():
     for variant in variants:
         blocking = c_backend.packed_blocking(variant, "float32")
         assert blocking["KC"] >= 64 and blocking["MC"] % blocking["MR"] == 0 and blocking["NC"] % blocking["NR"] == 0
+        assert blocking["deep_KC"] >= blocking["KC"] and blocking["deep_KC"] % 8 == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -157,7 +158,8 @@ def _path_crossovers(dtype) -> list[Shape]:
     register tile MR (the kernels'
     row-count instances); MC, below which the B panel is sized for L2; a GEMV chunk of y
     (8 KiB); KC / 2, below which the loop nest runs rows first; M = 16, up to which it packs
-    B in whole rows (and the N past which those panels are cut); the K block KC."""
+    B in whole rows (and the N past which those panels are cut); the K block KC, and the deep
+    KC some CPUs take past one A block."""
     blocking = c_backend.packed_blocking("auto", dtype)
     mr, mc, kc = blocking["MR"], blocking["MC"], blocking["KC"]
     itemsize = np.dtype(dtype).itemsize
@@ -181,6 +183,9 @@ def _path_crossovers(dtype) -> list[Shape]:
     shapes += [Shape(1, n, 23) for n in (chunk - 1, chunk, chunk + 1)]
     shapes += [Shape(9, 33, k) for k in (kc // 2 - 1, kc // 2, kc // 2 + 1, kc - 1, kc, kc + 1)]
     shapes += [Shape(1, 33, kc + 1), Shape(33, 1, kc + 1)]
+    # Past one A block (M > MC) and KC, some CPUs take the deep KC: K around it and past twice it.
+    deep = blocking["deep_KC"]
+    shapes += [Shape(mc + 1, 35, k) for k in (deep - 1, deep, deep + 1, 2 * deep + 3)]
     return shapes
 
 
