@@ -30,13 +30,13 @@ def plot(results: "Results", path, title: str | None = None) -> Path:
     )
     several_dtypes = len({row.dtype for row in timed}) > 1
 
-    def name_of(implementation: str, weights: str | None) -> str:
+    def label_of(implementation: str, weights: str | None, dtype: str) -> str:
         # a decode kernel runs once per weight format: each is a series (and a bar) of its own
-        return f"{implementation} {weights}" if weights else implementation
+        name = f"{implementation} {weights}" if weights else implementation
+        return f"{name} ({dtype})" if several_dtypes else name
 
     def label(row):
-        name = name_of(row.implementation, row.weights)
-        return f"{name} ({row.dtype})" if several_dtypes else name
+        return label_of(row.implementation, row.weights, row.dtype)
 
     if timed and all(row.device == "gpu" for row in timed) and results.machine.get("gpu"):
         heading = title or f"matmul - {results.machine['gpu'].get('name', 'GPU')}"
@@ -61,14 +61,13 @@ def plot(results: "Results", path, title: str | None = None) -> Path:
             series.setdefault(key, []).append((shapes.index(row.shape), row.gflops))
         for (implementation, weights, dtype), points in series.items():
             points.sort()
-            name = name_of(implementation, weights)
             ax.plot(
                 [p[0] for p in points],
                 [p[1] for p in points],
                 marker="o",
                 color=colours[implementation],
                 linestyle=styles[dtype],
-                label=f"{name} ({dtype})" if several_dtypes else name,
+                label=label_of(implementation, weights, dtype),
             )
         ax.set_xticks(range(len(shapes)), [short_shape(text) for text in shapes])
         ax.set_xlim(-0.3, len(shapes) - 0.7)
