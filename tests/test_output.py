@@ -372,3 +372,22 @@ def test_the_plot_keeps_apart_the_weight_formats_of_one_decode_kernel(tmp_path, 
     bar_names = [tick.get_text() for tick in bars_axes.get_yticklabels()]
     assert bar_names == ["cuda.decode q4_0 1x4096x4096", "cuda.decode q8_0 1x4096x4096"]
     assert sorted(line.get_label() for line in lines_axes.get_lines()) == ["cuda.decode q4_0", "cuda.decode q8_0"]
+
+
+def test_a_log_axis_within_one_decade_still_carries_numbers(tmp_path, monkeypatch):
+    """One square timed at 18 to 54 GFLOP/s holds no power of ten: the GFLOP/s axis is then
+    labelled at 20 and 50, not left without a single number."""
+    from harness.run import plotting
+
+    rows = [
+        Row(name, "c", "cpu", "1024x1024x1024", "float64", "ok", median_s=2.0 / gflops, gflops=gflops)
+        for name, gflops in (("c.packed", 54.0), ("numpy.matmul", 52.0), ("blis.gemm", 18.0))
+    ]
+    drawn = {}
+    monkeypatch.setattr(plotting.files, "save_figure", lambda figure, path, **_: drawn.setdefault("figure", figure))
+    plotting.plot(Results(rows, {}, {}), tmp_path / "plot.png")
+    (axis,) = drawn["figure"].axes
+    drawn["figure"].canvas.draw()
+    low, high = axis.get_ylim()
+    shown = [tick.get_text() for tick in axis.get_yticklabels() if low <= tick.get_position()[1] <= high]
+    assert "20" in shown and "50" in shown, shown

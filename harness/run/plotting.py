@@ -103,9 +103,17 @@ def plot(results: "Results", path, title: str | None = None) -> Path:
 
 
 def readable_log_ticks(axis) -> None:
-    """Plain numbers (0.1, 10, 1,000) on a log axis instead of 10^k, and no unlabelled minor ticks."""
+    """Plain numbers (0.1, 10, 1,000) on a log axis instead of 10^k, and no unlabelled minor
+    ticks. An axis spanning under two decades (18 to 54 GFLOP/s) is labelled at 1, 2 and 5
+    times the powers of ten, where powers alone would leave it with no number at all."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    axis.set_major_locator(LogLocator(base=10, numticks=12))
+    class ReadableLogLocator(LogLocator):
+        def tick_values(self, vmin, vmax):
+            narrow = vmin > 0 and vmax > 0 and max(vmin, vmax) / min(vmin, vmax) < 100
+            self.set_params(subs=(1.0, 2.0, 5.0) if narrow else (1.0,))
+            return super().tick_values(vmin, vmax)
+
+    axis.set_major_locator(ReadableLogLocator(base=10, numticks=12))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())
