@@ -49,7 +49,8 @@
  *   everything else         the loop nest above. When M fits in one A block (M <= MC) no B
  *                           panel is reused by a second A block, so the panel is sized for L2
  *                           instead of L3 (NC from L2): packed, it is read back from L2, not
- *                           from L3. Small M: the micro-kernels compute only the rows that
+ *                           from L3 (not on a Zen 4, where long rows of B won: packed_setup.c).
+ *                           Small M: the micro-kernels compute only the rows that
  *                           exist, so an M = 8 problem pays for 8 rows, not MR = 14. Small K
  *                           (K <= KC / 2): loops 1 and 2 swap, so C is written along its rows
  *                           as in the direct path (loop_nest says why).
@@ -550,13 +551,13 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
      * that C is written contiguously along its rows, and size the B panel to stay in L2,
      * where every strip reads it back (python -m harness blas-grid measures the small-K shapes). */
     job.rows_first = K <= job.blk.kc / 2;
-    if (block_m <= job.blk.mc || job.rows_first) {
-        /* One A block per thread (each B panel is used by that block alone), or rows first:
-         * the panel can be sized to stay in L2 (half of it, beside the A block) rather than L3. */
-        const struct cache_sizes cache = packed_cache_sizes();
-        const int64_t l2_nc = cache.l2 / 2 / (job.blk.kc * (int64_t)sizeof(real)) / job.blk.nr * job.blk.nr;
-        job.blk.nc = max_i64(job.blk.nr, min_i64(job.blk.nc, l2_nc));
-    }
+    /* Rows first, or one A block per thread (each B panel is used by that block alone): the
+     * panel can be sized to stay in L2 (half of it, beside the A block) rather than L3. For one
+     * A block some CPUs do better with panels of long rows (packed_setup.c's one_block_nc). */
+    if (job.rows_first)
+        job.blk.nc = job.blk.l2_nc;
+    else if (block_m <= job.blk.mc)
+        job.blk.nc = job.blk.one_block_nc;
     /* A longer KC where the CPU gains from it (packed_setup.c): by the shape alone, never the
      * thread count, for KC fixes the rounding. */
     if (K > job.blk.kc && M > job.blk.mc && !job.rows_first) job.blk.kc = job.blk.deep_kc;

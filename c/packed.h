@@ -104,7 +104,9 @@ int packed_is_zen5_or_later(void);
 /* The block sizes of the loop nest (packed.c), derived from the cache sizes. */
 struct blocking {
     int64_t mr, nr, kc, mc, nc;
-    int64_t deep_kc; /* KC where K is longer than kc and M spans several A blocks (packed_setup.c) */
+    int64_t deep_kc;      /* KC where K is longer than kc and M spans several A blocks (packed_setup.c) */
+    int64_t l2_nc;        /* NC for a B panel that stays in L2 beside the A block */
+    int64_t one_block_nc; /* NC where M fits in one A block: l2_nc, or nc where the CPU gains (packed_setup.c) */
 };
 struct blocking packed_blocking_for(const struct packed_kernel *kernel, size_t elem_size);
 

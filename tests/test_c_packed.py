@@ -92,6 +92,8 @@ def test_variants_listing_and_auto():
         blocking = c_backend.packed_blocking(variant, "float32")
         assert blocking["KC"] >= 64 and blocking["MC"] % blocking["MR"] == 0 and blocking["NC"] % blocking["NR"] == 0
         assert blocking["deep_KC"] >= blocking["KC"] and blocking["deep_KC"] % 8 == 0
+        one_block_nc = blocking["one_block_NC"]
+        assert blocking["NR"] <= one_block_nc <= blocking["NC"] and one_block_nc % blocking["NR"] == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -156,7 +158,8 @@ def _path_crossovers(dtype) -> list[Shape]:
     N = 1 (one dot product per row) against 2; the rows of four of the N = 1 path; B's size
     against half of L2, K against 32 and M N K against 256^3 (direct path or loop nest); the
     register tile MR (the kernels'
-    row-count instances); MC, below which the B panel is sized for L2; a GEMV chunk of y
+    row-count instances); MC, below which the B panel is sized for L2 (or takes long rows,
+    one_block_NC: N across it cuts B into panels there); a GEMV chunk of y
     (8 KiB); KC / 2, below which the loop nest runs rows first; M = 16, up to which it packs
     B in whole rows (and the N past which those panels are cut); the K block KC, and the deep
     KC some CPUs take past one A block."""
@@ -172,6 +175,8 @@ def _path_crossovers(dtype) -> list[Shape]:
     shapes += [Shape(1024, 600, k) for k in (32, 33)] + [Shape(256, 256, k) for k in (255, 256, 257)]
     shapes += [Shape(m, 45, 31) for m in (mr - 1, mr, mr + 1, 2 * mr + 1)]
     shapes += [Shape(m, 67, 19) for m in (mc - 1, mc, mc + 1)]
+    one_block_nc = blocking["one_block_NC"]
+    shapes += [Shape(2 * mr + 1, n, kc + 5) for n in (one_block_nc - 1, one_block_nc, one_block_nc + 1)]
     # Up to 16 rows the nest packs B in whole rows, with KC shortened once a row of B passes
     # half of L2 / KC: this N shortens it, so the K sum is cut there too.
     wide_n = blocking["L2"] // 2 // (kc * itemsize) + 7

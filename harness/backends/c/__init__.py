@@ -298,15 +298,18 @@ def packed_variant(variant: str = "auto") -> str:
 
 def packed_blocking(variant: str = "auto", dtype: str = "float32") -> dict:
     """The register tile and cache blocks c.packed uses here: MR, NR, KC, MC, NC, the cache
-    sizes (bytes) they were derived from, and deep_KC, the KC it takes where K is long and M
-    spans several A blocks on a CPU where that was measured to pay (KC elsewhere)."""
+    sizes (bytes) they were derived from, deep_KC, the KC it takes where K is long and M
+    spans several A blocks on a CPU where that was measured to pay (KC elsewhere), and
+    one_block_NC, the NC of a B panel where M fits in one A block (sized for L2, or NC where
+    the CPU gains from long rows)."""
     ffi, lib = clib.load()
-    sizes = ffi.new("int64_t[9]")
+    sizes = ffi.new("int64_t[10]")
     code = lib.matmul_packed_blocking(variant_number("c.packed", variant), np.dtype(dtype).itemsize, sizes)
     if code:
         packed_variant(variant)  # raises the clear error for an unsupported variant
         raise ValueError(f"c.packed: no blocking for dtype {dtype}")
-    return dict(zip(("MR", "NR", "KC", "MC", "NC", "L1", "L2", "L3", "deep_KC"), (int(v) for v in sizes)))
+    names = ("MR", "NR", "KC", "MC", "NC", "L1", "L2", "L3", "deep_KC", "one_block_NC")
+    return dict(zip(names, (int(v) for v in sizes)))
 
 
 class PackedBackend(CBackend):
