@@ -100,6 +100,8 @@ struct cache_sizes packed_cache_sizes(void);
 /* 1 on an AMD Zen 5 or later: choices measured to pay only there (packed_setup.c's deep_kc,
  * packed.c's GEMV reading ahead) are taken by the CPU's family. */
 int packed_is_zen5_or_later(void);
+/* 1 on an AMD Zen 4 (family 0x19 with AVX-512): c.packed's and c.bf16's measured exceptions. */
+int packed_is_zen4(void);
 
 /* The block sizes of the loop nest (packed.c), derived from the cache sizes. */
 struct blocking {

@@ -134,6 +134,11 @@ int packed_is_zen5_or_later(void) {
     return zen5_or_later;
 }
 
+int packed_is_zen4(void) {
+    pthread_once(&family_once, read_core_family);
+    return zen4;
+}
+
 /* Whether kernel k takes the deep KC below: every kernel on a Zen 5, the AVX-512 ones on a
  * Zen 4 (its AVX2 kernel was 0.93-1.02x with it), where each was measured. */
 static int takes_deep_kc(const struct packed_kernel *k) {

@@ -44,6 +44,26 @@ EDGES = [
 LARGE = [Shape(512, 512, 512), Shape(300, 700, 1500)]
 
 
+def _crossovers(variant) -> list[Shape]:
+    """The shapes at this CPU's blocks (bf16_blocking): K at KC, one past it (two equal pieces)
+    and past two of it (three); M at MC and one either side; N one past NC; and one panel of
+    each height below MR, past a whole one (a kernel that computes only the rows that exist
+    has one tile per height; on two threads each part ends in one)."""
+    blocks = c_backend.bf16_blocking(variant)
+    mr, kc, mc, nc = blocks["MR"], blocks["KC"], blocks["MC"], blocks["NC"]
+    shapes = [Shape(29, 45, k) for k in (kc, kc + 1, 2 * kc + 1)]
+    shapes += [Shape(m, 67, 45) for m in (mc - 1, mc, mc + 1)] + [Shape(31, nc + 1, 33)]
+    return shapes + [Shape(mr + rows, 40, 70) for rows in range(1, mr)]
+
+
+@needs_bf16
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("variant", _variants())
+def test_at_the_blocks_of_this_cpu(variant, threads):
+    for shape in _crossovers(variant):
+        _check(shape, variant, threads, seed=shape.m + shape.k)
+
+
 def _check(shape, variant, threads, seed=0):
     a, b = harness.make_inputs(shape, "bfloat16", seed)
     a_before, b_before = a.copy(), b.copy()
@@ -64,11 +84,18 @@ def test_against_the_float64_reference(shape, variant, threads):
     _check(shape, variant, threads, seed=shape.m + shape.k)
 
 
+def _shared_b_shape(variant) -> Shape:
+    """A shape whose parts, cut along M, share one packed B here: B larger than own_B_max."""
+    own_b_max = c_backend.bf16_blocking(variant)["own_B_max"]
+    return Shape(301, 299, max(530, own_b_max // (2 * 299) + 1))
+
+
 @needs_bf16
 @pytest.mark.parametrize("variant", _variants())
 def test_same_bits_for_every_thread_count(variant):
-    # C is cut along M or N, never along K: every element is the same sum on any thread count.
-    for shape in (Shape(301, 299, 530), Shape(13, 997, 301), Shape(997, 13, 301)):
+    # C is cut along M or N, never along K: every element is the same sum on any thread count,
+    # whether the parts pack B each or share it.
+    for shape in (Shape(301, 299, 530), _shared_b_shape(variant), Shape(13, 997, 301), Shape(997, 13, 301)):
         a, b = harness.make_inputs(shape, "bfloat16")
         results = {t: harness.get("c.bf16", variant=variant, threads=t)(a, b) for t in (1, 2, 3, 7)}
         assert harness.check(results[1], a, b).passed
@@ -82,7 +109,7 @@ def test_safe_from_several_python_threads_at_once(variant):
     # cffi releases the GIL, so these calls overlap: a call that finds the pool busy runs its
     # parts one after another on its own thread, where parts that share one packed B must
     # still finish (the first packs it all) and give the same bits.
-    shapes = [Shape(150 + 37 * i, 120 + 23 * i, 100 + 61 * i) for i in range(10)]
+    shapes = [Shape(150 + 37 * i, 120 + 23 * i, 100 + 61 * i) for i in range(10)] + [_shared_b_shape(variant)]
     inputs = [harness.make_inputs(s, "bfloat16", seed=i) for i, s in enumerate(shapes)]
     matmul = harness.get("c.bf16", variant=variant, threads=2)
     serial = [matmul(*ab) for ab in inputs]
@@ -144,6 +171,8 @@ def test_variants_this_cpu_lacks_are_a_clear_error():
         assert "AVX512_BF16" in _reason and "AMX-BF16" in _reason
         with pytest.raises(UnavailableError):
             c_backend.bf16_variant("auto")
+        with pytest.raises(UnavailableError):
+            c_backend.bf16_blocking("auto")
         return
     a, b = harness.make_inputs(Shape(8, 8, 8), "bfloat16")
     assert c_backend.bf16_variant("auto") == _variants()[-1]  # the best this CPU has
@@ -154,6 +183,8 @@ def test_variants_this_cpu_lacks_are_a_clear_error():
     for other in ("avx2", "sse9"):
         with pytest.raises(ValueError, match=f"unknown variant '{other}'"):
             harness.get("c.bf16", variant=other)(a, b)
+        with pytest.raises(ValueError, match=f"unknown variant '{other}'"):
+            c_backend.bf16_blocking(other)
 
 
 def test_takes_bfloat16_only():

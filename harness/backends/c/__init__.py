@@ -364,6 +364,19 @@ def bf16_variant(variant: str = "auto") -> str:
     return resolved_variant("c.bf16", variant, "matmul_bf16")
 
 
+def bf16_blocking(variant: str = "auto") -> dict:
+    """The register tile and cache blocks of c.bf16's kernel here: MR (rows of its tile; 32
+    columns), KC (the longest piece of the K sum: K is cut into equal pieces of at most KC),
+    MC, NC, and own_B_max, the bytes of B up to which threads that cut C along M each pack
+    their own B rather than share one (0: they always share)."""
+    bf16_variant(variant)  # the clear error for an unknown or unsupported variant
+    ffi, lib = clib.load()
+    sizes = ffi.new("int64_t[5]")
+    if lib.matmul_bf16_blocking(VARIANTS[variant], sizes):
+        raise UnavailableError(f"c.bf16: {BF16_UNAVAILABLE}")
+    return dict(zip(("MR", "KC", "MC", "NC", "own_B_max"), (int(v) for v in sizes)))
+
+
 class Bf16Backend(CBackend):
     """c.bf16: ``matmul_bf16(A, B, C, M, N, K, threads, variant, out_bf16)`` on the bfloat16
     bit patterns (the arrays viewed as uint16), float32 sums, C rounded to bfloat16 inside the
