@@ -36,8 +36,8 @@
  *
  * K tails are zero in both packings (AMX steps by 32 k at a time, vdpbf16ps by 2), so a padded
  * product adds zeros. N edges (and AMX's M edges) compute the whole padded tile and write only
- * the part inside C. Between KC pieces the float32 partial sums wait in a per-thread scratch block
- * (padded, so no edge cases there), which is what lets C be bfloat16: C itself is written
+ * the part inside C. Between KC pieces the float32 partial sums wait in a per-thread scratch
+ * block (padded, so no edge cases there), which is what lets C be bfloat16: C itself is written
  * once, after the last piece, through a 64-byte-aligned tile on the stack for bfloat16 or for
  * edge tiles (masked stores: nothing outside C is touched), directly for whole float32 tiles.
  *
@@ -53,9 +53,9 @@
  * each part running the nest on its block with its own pack buffers for A. Cut along M, every
  * part reads all of B: the parts pack it once, together, into one buffer they share
  * (pack_shared_b; on a Zen 4 only a B of over 2 MiB, dp_zen4_kernel); cut along N, each packs
- * its own columns. The K sum is never split, so the
- * bits are the same for every thread count. Tile configuration is per thread: each part loads
- * it before its first tile instruction and releases it at the end.
+ * its own columns. The K sum is never split, so the bits are the same for every thread count.
+ * Tile configuration is per thread: each part loads it before its first tile instruction and
+ * releases it at the end.
  *
  * Every instruction beyond x86-64 sits in functions with a target attribute and runs only after
  * CPUID (and, for AMX, the OS) says it may, so the library loads and runs everywhere; on a CPU

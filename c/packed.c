@@ -50,10 +50,10 @@
  *                           panel is reused by a second A block, so the panel is sized for L2
  *                           instead of L3 (NC from L2): packed, it is read back from L2, not
  *                           from L3 (not on a Zen 4, where long rows of B won: packed_setup.c).
- *                           Small M: the micro-kernels compute only the rows that
- *                           exist, so an M = 8 problem pays for 8 rows, not MR = 14. Small K
- *                           (K <= KC / 2): loops 1 and 2 swap, so C is written along its rows
- *                           as in the direct path (loop_nest says why).
+ *                           Small M: the micro-kernels compute only the rows that exist, so
+ *                           an M = 8 problem pays for 8 rows, not MR = 14. Small K (K <= KC /
+ *                           2): loops 1 and 2 swap, so C is written along its rows as in the
+ *                           direct path (loop_nest says why).
  *
  * Threads: a persistent pool (thread_pool.c), created once and parked between calls, so a
  * call pays a wake-up rather than thread creation. The direct path and the loop nest cut C

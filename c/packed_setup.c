@@ -153,18 +153,17 @@ static int takes_deep_kc(const struct packed_kernel *k) {
 /* Whether a B panel used by one A block alone (M fits in one) is sized for L2 (l2_nc) rather
  * than packed in rows as long as NC. Reading its panel back from L2 is the Goto rule, and what
  * was measured on the Xeon and the Zen 5. On a Zen 4 the long rows win, in both SIMD kernels
- * (the portable one follows them): B is read
- * in streams as long as NC (eight rows at a time, read ahead: packed.c's pack_b) and A is packed
- * once per KC piece rather than once per panel, while the panel's slivers come from L3. One
- * thread, medians of 11 interleaved calls with the order rotated each round, against the L2
- * panel: 64 x 4096 x 4096 float64 1.04-1.08x faster (0.95-0.97x NumPy's speed, now
- * 1.00-1.05x), 128 x 1024 x 4096 float64 1.07x and float32 1.06x, 64 x 4096 x 4096 float32
- * 1.07-1.09x, 168-336 x 4096 x 4096 float64 1.01-1.05x; the AVX2 kernel 1.00-1.07x; two
- * threads (where each thread's block of M fits in one A block: 1023 x 1025 x 1027, 512^3
- * float64) 0.99-1.08x. */
-static int panel_from_l2(const struct packed_kernel *k) {
+ * (the portable one follows them): B is read in streams as long as NC (eight rows at a time,
+ * read ahead: packed.c's pack_b) and A is packed once per KC piece rather than once per
+ * panel, while the panel's slivers come from L3. One thread, medians of 11 interleaved calls
+ * with the order rotated each round, against the L2 panel: 64 x 4096 x 4096 float64
+ * 1.04-1.08x faster (0.95-0.97x NumPy's speed, now 1.00-1.05x), 128 x 1024 x 4096 float64
+ * 1.07x and float32 1.06x, 64 x 4096 x 4096 float32 1.07-1.09x, 168-336 x 4096 x 4096
+ * float64 1.01-1.05x; the AVX2 kernel 1.00-1.07x; two threads (where each thread's block of M
+ * fits in one A block: 1023 x 1025 x 1027, 512^3 float64) 0.99-1.08x. Reading the next
+ * panel's rows ahead during the micro-kernels (any prefetch hint) was 0.80-0.98x. */
+static int panel_from_l2(void) {
     pthread_once(&family_once, read_core_family);
-    (void)k;
     return !zen4;
 }
 
@@ -211,7 +210,7 @@ struct blocking packed_blocking_for(const struct packed_kernel *k, size_t elem_s
     b.nc = max_i64(b.nr, min_i64(4096, b.nc) / b.nr * b.nr);
     b.deep_kc = takes_deep_kc(k) ? max_i64(b.kc, min_i64(1024, 65536 / (b.nr * es) / 8 * 8)) : b.kc;
     b.l2_nc = max_i64(b.nr, min_i64(b.nc, sizes.l2 / 2 / (b.kc * es) / b.nr * b.nr));
-    b.one_block_nc = panel_from_l2(k) ? b.l2_nc : b.nc;
+    b.one_block_nc = panel_from_l2() ? b.l2_nc : b.nc;
     return b;
 }
 
