@@ -44,26 +44,6 @@ EDGES = [
 LARGE = [Shape(512, 512, 512), Shape(300, 700, 1500)]
 
 
-def _crossovers(variant) -> list[Shape]:
-    """The shapes at this CPU's blocks (bf16_blocking): K at KC, one past it (two equal pieces)
-    and past two of it (three); M at MC and one either side; N one past NC; and one panel of
-    each height below MR, past a whole one (a kernel that computes only the rows that exist
-    has one tile per height; on two threads each part ends in one)."""
-    blocks = c_backend.bf16_blocking(variant)
-    mr, kc, mc, nc = blocks["MR"], blocks["KC"], blocks["MC"], blocks["NC"]
-    shapes = [Shape(29, 45, k) for k in (kc, kc + 1, 2 * kc + 1)]
-    shapes += [Shape(m, 67, 45) for m in (mc - 1, mc, mc + 1)] + [Shape(31, nc + 1, 33)]
-    return shapes + [Shape(mr + rows, 40, 70) for rows in range(1, mr)]
-
-
-@needs_bf16
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("variant", _variants())
-def test_at_the_blocks_of_this_cpu(variant, threads):
-    for shape in _crossovers(variant):
-        _check(shape, variant, threads, seed=shape.m + shape.k)
-
-
 def _check(shape, variant, threads, seed=0):
     a, b = harness.make_inputs(shape, "bfloat16", seed)
     a_before, b_before = a.copy(), b.copy()
@@ -82,6 +62,27 @@ def _check(shape, variant, threads, seed=0):
 @pytest.mark.parametrize("shape", EDGES + LARGE, ids=str)
 def test_against_the_float64_reference(shape, variant, threads):
     _check(shape, variant, threads, seed=shape.m + shape.k)
+
+
+def _crossovers(variant) -> list[Shape]:
+    """The shapes at this CPU's blocks (bf16_blocking): K at KC, one past it (two equal pieces)
+    and past two of it (three); M at MC and one either side; N one past NC; and one panel of
+    each height below MR, past a whole one (a kernel that computes only the rows that exist
+    has one tile per height; these are large enough for two threads, each part then ending
+    in a panel of its own height)."""
+    blocks = c_backend.bf16_blocking(variant)
+    mr, kc, mc, nc = blocks["MR"], blocks["KC"], blocks["MC"], blocks["NC"]
+    shapes = [Shape(29, 45, k) for k in (kc, kc + 1, 2 * kc + 1)]
+    shapes += [Shape(m, 67, 45) for m in (mc - 1, mc, mc + 1)] + [Shape(31, nc + 1, 33)]
+    return shapes + [Shape(mr + rows, 64, 1200) for rows in range(1, mr)]
+
+
+@needs_bf16
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("variant", _variants())
+def test_at_the_blocks_of_this_cpu(variant, threads):
+    for shape in _crossovers(variant):
+        _check(shape, variant, threads, seed=shape.m + shape.k)
 
 
 def _shared_b_shape(variant) -> Shape:
