@@ -448,7 +448,11 @@ static const struct bf16_kernel dp_kernel = {DP_MR, 2, 512, 14 * 12, 1024, 0, 1,
  *    1.01x, 2048^3 1.04x, 4 MiB at 1024 x 2048 x 1024 even). */
 static const struct bf16_kernel dp_zen4_kernel = {DP_MR, 2, 1024, 14 * 6, 1024, 0, 1, 2 << 20, dp_tile, pack_a_pairs};
 
-static const struct bf16_kernel *dp_kernel_here(void) { return packed_is_zen4() ? &dp_zen4_kernel : &dp_kernel; }
+/* The kernel and blocks a resolved variant runs on this CPU. */
+static const struct bf16_kernel *kernel_for(int64_t resolved) {
+    if (resolved == BF16_AMX) return &amx_kernel;
+    return packed_is_zen4() ? &dp_zen4_kernel : &dp_kernel;
+}
 
 /* The kernel with its KC fitted to K: K in equal pieces (multiples of 32 k, none longer than
  * KC), so a last piece of a few k does not cost a pass over the partial sums (K = 1027 with
@@ -670,7 +674,7 @@ MATMUL_API int matmul_bf16_blocking(int64_t variant, int64_t *sizes) {
     const int64_t resolved = matmul_bf16_resolve_variant(variant);
     if (resolved < 0) return BF16_ERR_VARIANT;
 #if BF16_HAVE_X86
-    const struct bf16_kernel *k = resolved == BF16_AMX ? &amx_kernel : dp_kernel_here();
+    const struct bf16_kernel *k = kernel_for(resolved);
     const int64_t values[5] = {k->mr, k->kc, k->mc, k->nc, k->own_b_max};
     memcpy(sizes, values, sizeof values);
     return BF16_OK;
@@ -704,7 +708,7 @@ MATMUL_API int matmul_bf16(const uint16_t *A, const uint16_t *B, void *C, int64_
                            .N = N,
                            .K = K,
                            .out_bf16 = out_bf16 != 0,
-                           .kernel = fit_blocks(resolved == BF16_AMX ? &amx_kernel : dp_kernel_here(), K)};
+                           .kernel = fit_blocks(kernel_for(resolved), K)};
     if (!plan_job(&job, threads)) return BF16_ERR_MEMORY;
     pool_run(job.parts, bf16_task, &job);
     return BF16_OK;
