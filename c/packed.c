@@ -125,9 +125,10 @@ enum { GEMV_CHUNK = 32768 / sizeof(real), GEMV_ROWS = 8 };
  * 512 gained half as much; a second step into L2 from 2-4 KiB ahead lost 5-15%). Only then:
  * where B stays in L3 the prefetches cost issue slots for lines already near (1 x 1024 x 1024
  * float64 5% slower), and two threads streaming together already keep the memory system busy
- * (1 x 8192 x 8192, both dtypes, 5% slower). "Past half of L3" takes L3 as the system reports
- * it: that Zen 5's virtual machine reports the host's 384 MiB, so there only a B past 192 MiB
- * (1 x 8192 x 8192 float64, not 1 x 4096 x 4096) is read ahead. And only on a Zen 5: on an
+ * (1 x 8192 x 8192, both dtypes, 5% slower). L3 is the core's, as Linux lists it in sysfs
+ * (32 MiB on that Zen 5, as lscpu listed it): glibc's sysconf gave that virtual machine's host's
+ * 384 MiB, under which only a B past 192 MiB was read ahead (1 x 8192 x 8192 float64, not
+ * 1 x 4096 x 4096). And only on a Zen 5: on an
  * AMD EPYC Zen 4, one thread, medians of 15 interleaved calls (two runs), reading ahead forced
  * on took 1.26-1.32x as long as off at 1 x 4096 x 4096 and 1 x 8192 x 8192 in both dtypes
  * (off: 0.99-1.24x NumPy; on: 0.78-0.96x); its own prefetchers keep the eight streams going. */

@@ -11,6 +11,7 @@ import pytest
 
 import harness
 from harness.backends import c as c_backend
+from harness.experiments import tile_sweep
 from harness.model.core import UnavailableError
 from harness.model.inputs import Shape
 
@@ -94,6 +95,19 @@ def test_variants_listing_and_auto():
         assert blocking["deep_KC"] >= blocking["KC"] and blocking["deep_KC"] % 8 == 0
         one_block_nc = blocking["one_block_NC"]
         assert blocking["NR"] <= one_block_nc <= blocking["NC"] and one_block_nc % blocking["NR"] == 0
+
+
+def test_blocks_come_from_the_caches_linux_lists():
+    # The blocks are derived from the core's caches as sysfs lists them (what the tile sweep
+    # reads too), not from sysconf, whose L3 a virtual machine may take from its host.
+    listed = tile_sweep.cache_sizes()
+    if not listed:
+        pytest.skip("this system lists no caches in sysfs")
+    blocking = c_backend.packed_blocking("auto", "float64")
+    believable = {"l1": (2**14, 2**18), "l2": (2**17, 2**24), "l3": (listed.get("l2", 0), 2**32)}
+    for level, (low, high) in believable.items():  # outside these the C side takes a fallback
+        if low <= listed.get(level, 0) <= high:
+            assert blocking[level.upper()] == listed[level], level
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
