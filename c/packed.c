@@ -116,23 +116,52 @@ enum { STREAM_B_MIN_KC = 128 };
  * (8 KiB pieces were 10-20% slower at 1 x 4096 x 14336 than NumPy, 32 KiB ones level with it). */
 enum { GEMV_CHUNK = 32768 / sizeof(real), GEMV_ROWS = 8 };
 
-/* One thread streaming B from memory also reads each of the eight rows ahead by hand, this
- * many bytes past the cache line in use: the hardware prefetcher follows a stream only within
- * a 4 KiB page, so each of the eight streams stalls at every page it enters. On an AMD EPYC
- * Zen 5, one thread, medians of 25 interleaved calls against NumPy's OpenBLAS on one thread,
- * reading ahead forced on: 1 x 4096 x 4096 float64 from 0.93-0.96x to 0.97-1.01x, 1 x 8192 x
- * 8192 float64 from 0.94-0.97x to 1.02-1.03x, float32 4-8% faster (1024 and 1536 bytes alike;
- * 512 gained half as much; a second step into L2 from 2-4 KiB ahead lost 5-15%). Only then:
- * where B stays in L3 the prefetches cost issue slots for lines already near (1 x 1024 x 1024
- * float64 5% slower), and two threads streaming together already keep the memory system busy
- * (1 x 8192 x 8192, both dtypes, 5% slower). L3 is the core's, as Linux lists it in sysfs
- * (32 MiB on that Zen 5, as lscpu listed it): glibc's sysconf gave that virtual machine's host's
- * 384 MiB, under which only a B past 192 MiB was read ahead (1 x 8192 x 8192 float64, not
- * 1 x 4096 x 4096). And only on a Zen 5: on an
- * AMD EPYC Zen 4, one thread, medians of 15 interleaved calls (two runs), reading ahead forced
- * on took 1.26-1.32x as long as off at 1 x 4096 x 4096 and 1 x 8192 x 8192 in both dtypes
- * (off: 0.99-1.24x NumPy; on: 0.78-0.96x); its own prefetchers keep the eight streams going. */
+/* Streaming B from memory, a GEMV also reads each of the eight rows ahead by hand, this many
+ * bytes past the cache line in use: the hardware prefetcher follows a stream only within a
+ * 4 KiB page, so each of the eight streams stalls at every page it enters. Only where B is past
+ * half of L3 (where B stays in L3 the prefetches cost issue slots for lines already near:
+ * 1 x 1024 x 1024 float64 5% slower on a Zen 5; on a Zen 4 that and 1 x 1024 x 1024 and
+ * 1 x 512 x 4096 float32 took 1.07-1.2x as long), and into which cache depends on the CPU
+ * (gemv_read_ahead):
+ * - AMD EPYC Zen 5, into L1 (prefetcht0), one thread: medians of 25 interleaved calls against
+ *   NumPy's OpenBLAS on one thread, reading ahead forced on, 1 x 4096 x 4096 float64 from
+ *   0.93-0.96x to 0.97-1.01x, 1 x 8192 x 8192 float64 from 0.94-0.97x to 1.02-1.03x, float32
+ *   4-8% faster (1024 and 1536 bytes alike; 512 gained half as much; a second step into L2
+ *   from 2-4 KiB ahead lost 5-15%). Two threads streaming together already keep the memory
+ *   system busy there (1 x 8192 x 8192, both dtypes, 5% slower). L3 is the core's as Linux
+ *   lists it in sysfs (32 MiB, as lscpu listed it): glibc's sysconf gave that virtual
+ *   machine's host's 384 MiB, under which only a B past 192 MiB was read ahead (1 x 8192 x
+ *   8192 float64, not 1 x 4096 x 4096).
+ * - AMD EPYC Zen 4, into L2 (prefetcht1), one and two threads: one thread, medians of 21
+ *   interleaved calls, 1 x 4096 x 4096, 1 x 8192 x 8192 and 1 x 2048 x 16384 in both dtypes
+ *   1.08-1.12x faster than not reading ahead (1 x 2048 x 2048 and 1 x 3072 x 3072 1.07-1.13x),
+ *   two threads (3 calls a sample, 11 samples) 1.00-1.05x. Into L1 it took 1.18-1.30x as long
+ *   as not reading ahead, prefetchnta 1.28-1.34x; prefetcht2 was level with prefetcht1, and
+ *   512 or 2048 bytes ahead no better than 1024.
+ * Other CPUs do not read ahead (not measured). */
 enum { GEMV_AHEAD = 1024, GEMV_LINE = 64 / sizeof(real) };
+enum gemv_ahead { GEMV_AHEAD_NONE, GEMV_AHEAD_INTO_L1, GEMV_AHEAD_INTO_L2 };
+
+/* Reads the line GEMV_AHEAD bytes past column j of each of the eight rows (the locality is the
+ * instruction's: 3 is prefetcht0, into L1; 2 is prefetcht1, into L2). */
+#define GEMV_READ_EIGHT_AHEAD(j, locality)                                                                             \
+    do {                                                                                                               \
+        const int64_t ahead = (j) + GEMV_AHEAD / (int64_t)sizeof(real);                                                \
+        __builtin_prefetch(b0 + ahead, 0, locality), __builtin_prefetch(b1 + ahead, 0, locality);                      \
+        __builtin_prefetch(b2 + ahead, 0, locality), __builtin_prefetch(b3 + ahead, 0, locality);                      \
+        __builtin_prefetch(b4 + ahead, 0, locality), __builtin_prefetch(b5 + ahead, 0, locality);                      \
+        __builtin_prefetch(b6 + ahead, 0, locality), __builtin_prefetch(b7 + ahead, 0, locality);                      \
+    } while (0)
+
+/* How `parts` threads running a GEMV over `b_bytes` of B read it ahead (GEMV_AHEAD's comment
+ * says what was measured); forced, a CPU with no measured choice reads into L1. */
+static enum gemv_ahead gemv_read_ahead(int64_t parts, double b_bytes, int forced) {
+    const int zen4 = packed_is_zen4();
+    if (forced) return zen4 ? GEMV_AHEAD_INTO_L2 : GEMV_AHEAD_INTO_L1;
+    if (b_bytes <= packed_cache_sizes().l3 / 2) return GEMV_AHEAD_NONE;
+    if (zen4) return GEMV_AHEAD_INTO_L2;
+    return parts == 1 && packed_is_zen5_or_later() ? GEMV_AHEAD_INTO_L1 : GEMV_AHEAD_NONE;
+}
 
 /* y[l] for l in [from, to) gains rows p .. p+7 of B: its FMA chain in order over p. */
 #define GEMV_ADD_EIGHT_ROWS(from, to)                                                                                  \
@@ -148,7 +177,7 @@ enum { GEMV_AHEAD = 1024, GEMV_LINE = 64 / sizeof(real) };
  * 1 x 4096 x 4096: 13%). Each y[j] is the FMA chain over p in order whatever the chunk, the
  * thread or the reading ahead, so the result does not depend on how N is cut. */
 static void row_times_matrix(const real *restrict a, const real *restrict B, real *restrict y, int64_t N, int64_t K,
-                             int64_t j0, int64_t j1, int read_ahead) {
+                             int64_t j0, int64_t j1, enum gemv_ahead read_ahead) {
     for (int64_t c0 = j0; c0 < j1; c0 += GEMV_CHUNK) {
         const int64_t c1 = min_i64(c0 + GEMV_CHUNK, j1);
         for (int64_t j = c0; j < c1; ++j) y[j] = 0;
@@ -159,13 +188,15 @@ static void row_times_matrix(const real *restrict a, const real *restrict B, rea
             const real *restrict b0 = B + p * N, *restrict b1 = b0 + N, *restrict b2 = b1 + N, *restrict b3 = b2 + N;
             const real *restrict b4 = b3 + N, *restrict b5 = b4 + N, *restrict b6 = b5 + N, *restrict b7 = b6 + N;
             int64_t j = c0;
-            if (read_ahead) /* a line of each row at a time, each row read ahead once per line */
+            /* a line of each row at a time, each row read ahead once per line */
+            if (read_ahead == GEMV_AHEAD_INTO_L1)
                 for (; j + GEMV_LINE <= c1; j += GEMV_LINE) {
-                    const int64_t ahead = j + GEMV_AHEAD / (int64_t)sizeof(real);
-                    __builtin_prefetch(b0 + ahead, 0, 3), __builtin_prefetch(b1 + ahead, 0, 3);
-                    __builtin_prefetch(b2 + ahead, 0, 3), __builtin_prefetch(b3 + ahead, 0, 3);
-                    __builtin_prefetch(b4 + ahead, 0, 3), __builtin_prefetch(b5 + ahead, 0, 3);
-                    __builtin_prefetch(b6 + ahead, 0, 3), __builtin_prefetch(b7 + ahead, 0, 3);
+                    GEMV_READ_EIGHT_AHEAD(j, 3);
+                    GEMV_ADD_EIGHT_ROWS(j, j + GEMV_LINE);
+                }
+            else if (read_ahead == GEMV_AHEAD_INTO_L2)
+                for (; j + GEMV_LINE <= c1; j += GEMV_LINE) {
+                    GEMV_READ_EIGHT_AHEAD(j, 2);
                     GEMV_ADD_EIGHT_ROWS(j, j + GEMV_LINE);
                 }
             GEMV_ADD_EIGHT_ROWS(j, c1);
@@ -179,6 +210,7 @@ static void row_times_matrix(const real *restrict a, const real *restrict B, rea
     }
 }
 #undef GEMV_ADD_EIGHT_ROWS
+#undef GEMV_READ_EIGHT_AHEAD
 
 /* ---- N = 1: y = A b, a dot product per row ------------------------------------------------ */
 
@@ -224,7 +256,7 @@ struct vector_job {
     const real *A, *B;
     real *C;
     int64_t M, N, K, parts, group; /* parts cut the output at multiples of `group` elements */
-    int read_ahead;                /* M = 1: B is read ahead by hand (row_times_matrix) */
+    enum gemv_ahead read_ahead;    /* M = 1: how B is read ahead by hand (row_times_matrix) */
 };
 
 static void vector_task(void *context, int64_t part) {
@@ -634,9 +666,8 @@ MATMUL_API int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, 
         const int64_t length = N == 1 ? M : N;
         job.group = N == 1 ? DOT_ROWS : 64 / (int64_t)sizeof(real); /* DOT_ROWS rows; cache lines of y */
         job.parts = pool_threads_for(threads, (double)length * (double)K, (length + job.group - 1) / job.group);
-        job.read_ahead = path == PACKED_PATH_VECTOR_READ_AHEAD ||
-                         (job.parts == 1 && packed_is_zen5_or_later() &&
-                          (double)K * (double)N * sizeof(real) > packed_cache_sizes().l3 / 2);
+        job.read_ahead =
+            gemv_read_ahead(job.parts, (double)K * (double)N * sizeof(real), path == PACKED_PATH_VECTOR_READ_AHEAD);
         pool_run(job.parts, vector_task, &job);
         return PACKED_OK;
     }
