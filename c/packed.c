@@ -303,17 +303,27 @@ static void pack_a(const real *A, int64_t K, int64_t i0, int64_t mc, int64_t p0,
  * hardware's prefetcher follows a stream only within a 4 KiB page, and a row piece of a panel
  * is a page or less, so each one started cold (on a Zen 5, one thread, interleaved: 64 x 4096
  * x 4096 1.02x faster in float64 and 1.04x in float32, 2048^3 float32 1.01x; 256 to 1024
- * bytes ahead alike; the small-M panels below gain more). */
-enum { PACK_B_ROWS = 8, PACK_B_AHEAD = 512 };
+ * bytes ahead alike; the small-M panels below gain more). On a Zen 4 reading into L2
+ * (prefetcht1) rather than L1 won, as it did for the GEMV (GEMV_AHEAD), from 1 KiB ahead:
+ * medians of 11 interleaved calls against reading into L1 from 512 bytes (two or three runs),
+ * one thread: 8 x 4096 x 4096 1.11-1.19x faster, 16 x 4096 x 4096 1.04-1.09x, 64 x 4096 x 4096
+ * 1.02-1.06x, 1023 x 1025 x 1027, 256^3, 2048^3 and 4096 x 4096 x 64 0.99-1.02x; two threads:
+ * 8 x 4096 x 4096 1.06-1.33x, 16 x 4096 x 4096 1.05-1.22x, 64 x 4096 x 4096 1.02-1.07x, 2048^3
+ * 1.00-1.03x. 512 bytes ahead into L2 did about as well. */
+enum { PACK_B_ROWS = 8, PACK_B_AHEAD = 512, PACK_B_AHEAD_INTO_L2 = 1024 };
 
 static inline __attribute__((always_inline)) void pack_b_row_group(const real *src, int64_t N, int64_t nc, int64_t kc,
-                                                                   const int64_t nr, const int rows,
+                                                                   const int64_t nr, const int rows, const int into_l2,
                                                                    real *restrict dst) {
     int64_t jr = 0;
     for (; jr + nr <= nc; jr += nr, src += nr, dst += kc * nr)
         for (int r = 0; r < rows; ++r) {
+            const char *row = (const char *)(src + r * N);
             for (int64_t byte = 0; byte < nr * (int64_t)sizeof(real); byte += 64)
-                __builtin_prefetch((const char *)(src + r * N) + PACK_B_AHEAD + byte, 0, 3);
+                if (into_l2)
+                    __builtin_prefetch(row + PACK_B_AHEAD_INTO_L2 + byte, 0, 2);
+                else
+                    __builtin_prefetch(row + PACK_B_AHEAD + byte, 0, 3);
             memcpy(dst + r * nr, src + r * N, (size_t)nr * sizeof(real));
         }
     if (jr < nc) {
@@ -327,24 +337,35 @@ static inline __attribute__((always_inline)) void pack_b_row_group(const real *s
 
 static inline __attribute__((always_inline)) void pack_b_rows(const real *B, int64_t N, int64_t j0, int64_t nc,
                                                               int64_t p0, int64_t kc, const int64_t nr,
-                                                              real *restrict out) {
+                                                              const int into_l2, real *restrict out) {
     int64_t p = 0;
     for (; p + PACK_B_ROWS <= kc; p += PACK_B_ROWS)
-        pack_b_row_group(B + (p0 + p) * N + j0, N, nc, kc, nr, PACK_B_ROWS, out + p * nr);
-    for (; p < kc; ++p) pack_b_row_group(B + (p0 + p) * N + j0, N, nc, kc, nr, 1, out + p * nr);
+        pack_b_row_group(B + (p0 + p) * N + j0, N, nc, kc, nr, PACK_B_ROWS, into_l2, out + p * nr);
+    for (; p < kc; ++p) pack_b_row_group(B + (p0 + p) * N + j0, N, nc, kc, nr, 1, into_l2, out + p * nr);
 }
 
 /* NR is one of a few sizes (the kernels' widths): with it a constant, each sliver row's copy
  * is a couple of vector moves, not a call to memcpy; a small-M problem spends most of its
  * time here, streaming B. */
+static inline __attribute__((always_inline)) void pack_b_width(const real *B, int64_t N, int64_t j0, int64_t nc,
+                                                               int64_t p0, int64_t kc, int64_t nr, const int into_l2,
+                                                               real *restrict out) {
+    switch (nr * (int64_t)sizeof(real)) {
+    case 128: pack_b_rows(B, N, j0, nc, p0, kc, 128 / sizeof(real), into_l2, out); break;
+    case 64: pack_b_rows(B, N, j0, nc, p0, kc, 64 / sizeof(real), into_l2, out); break;
+    case 32: pack_b_rows(B, N, j0, nc, p0, kc, 32 / sizeof(real), into_l2, out); break;
+    default: pack_b_rows(B, N, j0, nc, p0, kc, nr, into_l2, out);
+    }
+}
+
+/* Where the rows are read ahead into is a constant in each copy of the loops (a branch on it
+ * per line cost 2-4% at 8 x 4096 x 4096). */
 static void pack_b(const real *B, int64_t N, int64_t j0, int64_t nc, int64_t p0, int64_t kc, int64_t nr,
                    real *restrict out) {
-    switch (nr * (int64_t)sizeof(real)) {
-    case 128: pack_b_rows(B, N, j0, nc, p0, kc, 128 / sizeof(real), out); break;
-    case 64: pack_b_rows(B, N, j0, nc, p0, kc, 64 / sizeof(real), out); break;
-    case 32: pack_b_rows(B, N, j0, nc, p0, kc, 32 / sizeof(real), out); break;
-    default: pack_b_rows(B, N, j0, nc, p0, kc, nr, out);
-    }
+    if (packed_is_zen4())
+        pack_b_width(B, N, j0, nc, p0, kc, nr, 1, out);
+    else
+        pack_b_width(B, N, j0, nc, p0, kc, nr, 0, out);
 }
 
 /* ---- cutting C into one block per thread -------------------------------------------------- */
