@@ -17,7 +17,8 @@ GRACE_S = 3.0  # for processes that are exiting as the test ends
 
 
 def marked_processes(mark: str | None = None) -> dict[int, str]:
-    """{pid: command line} of the live processes (this one aside) whose environment carries the mark."""
+    """{pid: command line} of the live processes (this one aside) whose environment carries the mark.
+    A process inside its exec reads an empty environment for that moment and is not listed then."""
     mark = mark or os.environ.get(RUN_MARK)
     found: dict[int, str] = {}
     if not mark or not os.path.isdir("/proc"):
