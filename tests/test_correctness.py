@@ -64,6 +64,43 @@ def test_matches_reference(name, shape, dtype):
     np.testing.assert_array_equal(b, b_before)
 
 
+# The timed call: the harness prepares once, then runs the same prepared call over and over
+# (pytest-benchmark, compare, blas-grid) and may check the product after the last run.
+REPEATED_RUN_SHAPES = [Shape(33, 65, 17), Shape(1, 130, 70)]
+
+
+def _repeated_run_cases():
+    for impl in harness.implementations():
+        if impl.weights or not _runs_natively(impl):  # a stand-in is checked, never timed
+            continue
+        for dtype in impl.dtypes:
+            for shape in REPEATED_RUN_SHAPES:
+                yield pytest.param(impl.name, shape, dtype, id=f"{impl.name}-{shape}-{dtype}")
+
+
+@pytest.mark.parametrize("name, shape, dtype", list(_repeated_run_cases()))
+def test_a_prepared_call_run_again_and_again_gives_the_same_product(name, shape, dtype):
+    # A kernel that accumulates into its output (BLAS's C = A B + beta C with beta = 1) is right
+    # after its first run and wrong after the second.
+    impl = harness.lookup(name)
+    reason = impl.unavailable_reason()
+    if reason:
+        pytest.skip(f"{name} unavailable: {reason}")
+    try:
+        check_problem(impl, shape, dtype)
+    except MatmulInputError as error:
+        pytest.skip(str(error))
+    a, b = harness.make_inputs(shape, dtype, seed=2)
+    options = {"threads": 1} if impl.threaded else {}
+    prepared = harness.get(name, **options).prepare(a, b)
+    if prepared.mode != "native":
+        pytest.skip(f"{name} runs {prepared.mode} here: checked once, never timed")
+    for run in range(1, 4):
+        prepared.run()
+        outcome = harness.check(prepared.result(), a, b)
+        assert outcome.passed, f"{name} at {shape} {dtype}, run {run} of the prepared call: {outcome.message}"
+
+
 def test_registry_metadata_is_complete():
     names = [impl.name for impl in harness.implementations()]
     assert len(names) == len(set(names))

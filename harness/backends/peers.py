@@ -104,7 +104,9 @@ class _BlisPrepared(Prepared):
         if library is None:
             import blis.py
 
-            return lambda: blis.py.gemm(a, b, out=self.c)
+            # beta = 0: the package's gemm adds to `out` by default (beta = 1), which would
+            # accumulate every timed run into C and read C besides.
+            return lambda: blis.py.gemm(a, b, out=self.c, beta=0.0)
         if threads is not None:
             library.bli_thread_set_num_threads(ctypes.c_int64(threads))
         gemm = library.cblas_sgemm if a.dtype == np.float32 else library.cblas_dgemm
