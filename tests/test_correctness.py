@@ -7,7 +7,7 @@ import pytest
 
 import harness
 import harness.env.sources
-from harness.model import checking
+from harness.model import checking, quant
 from harness.model.core import MatmulInputError, check_problem
 from harness.model.inputs import Shape
 
@@ -69,36 +69,49 @@ def test_matches_reference(name, shape, dtype):
 REPEATED_RUN_SHAPES = [Shape(33, 65, 17), Shape(1, 130, 70)]
 
 
+REPEATED_DECODE_SHAPE = Shape(3, 64, 256)  # X [3, 256] times W [64, 256]: whole q4_K blocks
+
+
 def _repeated_run_cases():
     for impl in harness.implementations():
-        if impl.weights or not _runs_natively(impl):  # a stand-in is checked, never timed
+        if not _runs_natively(impl):  # a stand-in is checked, never timed
+            continue
+        if impl.weights:  # decode: X times quantized W [N, K]
+            for fmt in impl.weights:
+                shape = REPEATED_DECODE_SHAPE
+                yield pytest.param(impl.name, shape, fmt, id=f"{impl.name}-{shape}-{fmt}")
             continue
         for dtype in impl.dtypes:
             for shape in REPEATED_RUN_SHAPES:
                 yield pytest.param(impl.name, shape, dtype, id=f"{impl.name}-{shape}-{dtype}")
 
 
-@pytest.mark.parametrize("name, shape, dtype", list(_repeated_run_cases()))
-def test_a_prepared_call_run_again_and_again_gives_the_same_product(name, shape, dtype):
+@pytest.mark.parametrize("name, shape, kind", list(_repeated_run_cases()))
+def test_a_prepared_call_run_again_and_again_gives_the_same_product(name, shape, kind):
     # A kernel that accumulates into its output (BLAS's C = A B + beta C with beta = 1) is right
-    # after its first run and wrong after the second.
+    # after its first run and wrong after the second. `kind` is a dtype, or a decode row's format.
     impl = harness.lookup(name)
     reason = impl.unavailable_reason()
     if reason:
         pytest.skip(f"{name} unavailable: {reason}")
+    dtype = "float32" if impl.weights else kind
     try:
         check_problem(impl, shape, dtype)
     except MatmulInputError as error:
         pytest.skip(str(error))
     a, b = harness.make_inputs(shape, dtype, seed=2)
+    given, rounding = b, None
+    if impl.weights:
+        given = quant.quantize(np.ascontiguousarray(b.T), kind)
+        b, rounding = given.dequantize().T, impl.rounding_for(kind)
     options = {"threads": 1} if impl.threaded else {}
-    prepared = harness.get(name, **options).prepare(a, b)
+    prepared = harness.get(name, **options).prepare(a, given)
     if prepared.mode != "native":
         pytest.skip(f"{name} runs {prepared.mode} here: checked once, never timed")
     for run in range(1, 4):
         prepared.run()
-        outcome = harness.check(prepared.result(), a, b)
-        assert outcome.passed, f"{name} at {shape} {dtype}, run {run} of the prepared call: {outcome.message}"
+        outcome = harness.check(prepared.result(), a, b, activation_rounding=rounding)
+        assert outcome.passed, f"{name} at {shape} {kind}, run {run} of the prepared call: {outcome.message}"
 
 
 def test_registry_metadata_is_complete():
