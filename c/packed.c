@@ -214,35 +214,84 @@ static void row_times_matrix(const real *restrict a, const real *restrict B, rea
 
 /* ---- N = 1: y = A b, a dot product per row ------------------------------------------------ */
 
-enum { DOT_ROWS = 8 };
+/* The SIMD width this file is compiled for: the dot products below keep one vector of partial
+ * sums per row, eight rows, so a vector wider than the registers would only spill. */
+#if defined(__AVX512F__)
+#define DOT_VEC_BYTES 64
+#elif defined(__AVX__)
+#define DOT_VEC_BYTES 32
+#else
+#define DOT_VEC_BYTES 16
+#endif
+typedef real dot_vec __attribute__((vector_size(DOT_VEC_BYTES), aligned(sizeof(real)), may_alias));
+enum { DOT_ROWS = 8, DOT_VEC = DOT_VEC_BYTES / sizeof(real), DOT_LINE = 64 / sizeof(real), DOT_AHEAD = 1024 };
 
-/* y[i0:i1] = A[i0:i1, :] @ b. Each sum is split across SIMD lanes (the order is fixed by the
- * code, so it is reproducible); rows go eight at a time, eight streams from memory in flight
- * as in row_times_matrix (4096 x 1 x 4096, one thread, medians of 21 interleaved: 9% faster
- * than four rows, float64 10%), and every group of eight starts at a multiple of eight, so a
- * row is summed by the same code whichever thread takes it. */
-static void matrix_times_column(const real *restrict A, const real *restrict b, real *restrict y, int64_t K, int64_t i0,
-                                int64_t i1) {
-    int64_t i = i0;
-    for (; i + DOT_ROWS <= i1; i += DOT_ROWS) {
-        const real *restrict r0 = A + i * K, *restrict r1 = r0 + K, *restrict r2 = r1 + K, *restrict r3 = r2 + K;
-        const real *restrict r4 = r3 + K, *restrict r5 = r4 + K, *restrict r6 = r5 + K, *restrict r7 = r6 + K;
-        real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5, s6, s7)
-        for (int64_t p = 0; p < K; ++p) {
-            const real bp = b[p];
-            s0 += r0[p] * bp;
-            s1 += r1[p] * bp;
-            s2 += r2[p] * bp;
-            s3 += r3[p] * bp;
-            s4 += r4[p] * bp;
-            s5 += r5[p] * bp;
-            s6 += r6[p] * bp;
-            s7 += r7[p] * bp;
+/* y[0:8] = rows[0:8] @ b, the eight rows K apart from `r0`, one 64-byte line of each row per
+ * step. Each row's sum is DOT_VEC partial sums, one per lane, over the whole lines of K, then
+ * those lanes in order, then the last K % DOT_LINE products: an order fixed by the code (and
+ * the SIMD width), whatever the thread or the reading ahead. With `read_ahead` (a constant in
+ * each inlined copy) each row's line DOT_AHEAD bytes on is read into L2 (prefetcht1): a row is
+ * 8 pages of 4 KiB at K = 4096 float64, and the hardware's prefetcher starts again cold at
+ * every page, in all eight rows at once. */
+static inline __attribute__((always_inline)) void eight_dots(const real *restrict r0, int64_t K, const real *restrict b,
+                                                             real *restrict y, const int read_ahead) {
+    const real *restrict r1 = r0 + K, *restrict r2 = r1 + K, *restrict r3 = r2 + K, *restrict r4 = r3 + K;
+    const real *restrict r5 = r4 + K, *restrict r6 = r5 + K, *restrict r7 = r6 + K;
+    const int64_t ahead = DOT_AHEAD / (int64_t)sizeof(real);
+    dot_vec v0 = {0}, v1 = {0}, v2 = {0}, v3 = {0}, v4 = {0}, v5 = {0}, v6 = {0}, v7 = {0};
+    int64_t p = 0;
+    for (; p + DOT_LINE <= K; p += DOT_LINE) {
+        if (read_ahead) {
+            __builtin_prefetch(r0 + p + ahead, 0, 2), __builtin_prefetch(r1 + p + ahead, 0, 2);
+            __builtin_prefetch(r2 + p + ahead, 0, 2), __builtin_prefetch(r3 + p + ahead, 0, 2);
+            __builtin_prefetch(r4 + p + ahead, 0, 2), __builtin_prefetch(r5 + p + ahead, 0, 2);
+            __builtin_prefetch(r6 + p + ahead, 0, 2), __builtin_prefetch(r7 + p + ahead, 0, 2);
         }
-        y[i] = s0, y[i + 1] = s1, y[i + 2] = s2, y[i + 3] = s3;
-        y[i + 4] = s4, y[i + 5] = s5, y[i + 6] = s6, y[i + 7] = s7;
+        for (int64_t q = p; q < p + DOT_LINE; q += DOT_VEC) {
+            const dot_vec bq = *(const dot_vec *)(b + q);
+            v0 += *(const dot_vec *)(r0 + q) * bq, v1 += *(const dot_vec *)(r1 + q) * bq;
+            v2 += *(const dot_vec *)(r2 + q) * bq, v3 += *(const dot_vec *)(r3 + q) * bq;
+            v4 += *(const dot_vec *)(r4 + q) * bq, v5 += *(const dot_vec *)(r5 + q) * bq;
+            v6 += *(const dot_vec *)(r6 + q) * bq, v7 += *(const dot_vec *)(r7 + q) * bq;
+        }
     }
+    real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    for (int l = 0; l < DOT_VEC; ++l) {
+        s0 += v0[l], s1 += v1[l], s2 += v2[l], s3 += v3[l];
+        s4 += v4[l], s5 += v5[l], s6 += v6[l], s7 += v7[l];
+    }
+    for (; p < K; ++p) {
+        const real bp = b[p];
+        s0 += r0[p] * bp, s1 += r1[p] * bp, s2 += r2[p] * bp, s3 += r3[p] * bp;
+        s4 += r4[p] * bp, s5 += r5[p] * bp, s6 += r6[p] * bp, s7 += r7[p] * bp;
+    }
+    y[0] = s0, y[1] = s1, y[2] = s2, y[3] = s3, y[4] = s4, y[5] = s5, y[6] = s6, y[7] = s7;
+}
+
+/* Whether the N = 1 path reads A ahead (into L2): on a Zen 4, where A is past half of L3, on
+ * one thread or two. One thread, medians of 15 interleaved calls against the loop before (an
+ * `omp simd` reduction, not reading ahead): 4096 x 1 x 4096 and 8192 x 1 x 8192 1.07-1.16x
+ * faster, float32 and float64, 2048 x 1 x 2048 float64 (32 MiB) 1.10-1.14x; in L2 or L3
+ * reading ahead cost 1.07-1.15x, and into L1 1.25-1.32x; not reading ahead, these lines were
+ * 0.97-1.05x that loop. Two threads: three blas-grid runs each way moved with the host's
+ * memory, no worse. Forced (the vector_read_ahead path), on any CPU. Other CPUs do not (not
+ * measured). */
+static int dot_read_ahead(double a_bytes, int forced) {
+    return forced || (packed_is_zen4() && a_bytes > (double)packed_cache_sizes().l3 / 2);
+}
+
+/* y[i0:i1] = A[i0:i1, :] @ b, a dot product per row: eight rows at a time, eight streams from
+ * memory in flight as in row_times_matrix (4096 x 1 x 4096, one thread, medians of 21
+ * interleaved: 9% faster than four rows, float64 10%). Every group of eight starts at a
+ * multiple of eight, so a row is summed by the same code whichever thread takes it; the rows
+ * past the last eight are summed as a lone row would be. */
+static void matrix_times_column(const real *restrict A, const real *restrict b, real *restrict y, int64_t K, int64_t i0,
+                                int64_t i1, int read_ahead) {
+    int64_t i = i0;
+    if (read_ahead)
+        for (; i + DOT_ROWS <= i1; i += DOT_ROWS) eight_dots(A + i * K, K, b, y + i, 1);
+    else
+        for (; i + DOT_ROWS <= i1; i += DOT_ROWS) eight_dots(A + i * K, K, b, y + i, 0);
     for (; i < i1; ++i) {
         const real *restrict row = A + i * K;
         real s = 0;
@@ -257,6 +306,7 @@ struct vector_job {
     real *C;
     int64_t M, N, K, parts, group; /* parts cut the output at multiples of `group` elements */
     enum gemv_ahead read_ahead;    /* M = 1: how B is read ahead by hand (row_times_matrix) */
+    int dot_read_ahead;            /* N = 1: whether A is read ahead (matrix_times_column) */
 };
 
 static void vector_task(void *context, int64_t part) {
@@ -268,7 +318,7 @@ static void vector_task(void *context, int64_t part) {
     if (job->M == 1)
         row_times_matrix(job->A, job->B, job->C, job->N, job->K, first, last, job->read_ahead);
     else
-        matrix_times_column(job->A, job->B, job->C, job->K, first, last);
+        matrix_times_column(job->A, job->B, job->C, job->K, first, last, job->dot_read_ahead);
 }
 
 /* ---- packing ------------------------------------------------------------------------------- */
@@ -654,8 +704,8 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
 
 /* matmul_packed through a chosen path: 0 = by shape (what matmul_packed does), 1 = the vector
  * path (M = 1 or N = 1 only; else returns 4), 2 = direct (no packing), 3 = the packed loop nest,
- * 4 = the vector path with an M = 1 GEMV reading B ahead by hand whatever the CPU, the size of B
- * or the threads (1 reads ahead only where that was measured to pay). For comparing the paths
+ * 4 = the vector path reading ahead by hand (B for M = 1, A for N = 1) whatever the CPU, the
+ * size or the threads (1 reads ahead only where that was measured to pay). For comparing the paths
  * on one shape; every path gives a correct product, and both vector paths the same bits. */
 MATMUL_API int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K,
                                          int64_t threads, int64_t variant, int64_t path) {
@@ -689,6 +739,8 @@ MATMUL_API int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, 
         job.parts = pool_threads_for(threads, (double)length * (double)K, (length + job.group - 1) / job.group);
         job.read_ahead =
             gemv_read_ahead(job.parts, (double)K * (double)N * sizeof(real), path == PACKED_PATH_VECTOR_READ_AHEAD);
+        job.dot_read_ahead =
+            dot_read_ahead((double)M * (double)K * sizeof(real), path == PACKED_PATH_VECTOR_READ_AHEAD);
         pool_run(job.parts, vector_task, &job);
         return PACKED_OK;
     }

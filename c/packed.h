@@ -54,7 +54,7 @@ enum packed_path {
     PACKED_PATH_VECTOR = 1,
     PACKED_PATH_DIRECT = 2,
     PACKED_PATH_NEST = 3,
-    PACKED_PATH_VECTOR_READ_AHEAD = 4, /* the vector path, B read ahead whatever the CPU, size or threads */
+    PACKED_PATH_VECTOR_READ_AHEAD = 4, /* the vector path, B (M = 1) or A (N = 1) read ahead on any CPU */
 };
 
 typedef void (*packed_kernel_fn)(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,

@@ -243,6 +243,19 @@ def test_a_gemv_that_reads_b_ahead_gives_the_same_bits(dtype):
     np.testing.assert_array_equal(read_ahead, _check(shape, dtype, threads=2, path="vector_read_ahead"))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dot_products_that_read_a_ahead_give_the_same_bits(dtype):
+    # N = 1: A's rows may be read ahead by hand (on a Zen 4, past half of L3; path
+    # "vector_read_ahead" forces it on any CPU): the sums are the same, to the bit, and right,
+    # on one thread and two, with rows past the last group of eight and K ragged against the
+    # 64-byte lines each step reads.
+    shape = Shape(16387, 1, 71)  # enough multiply-adds for two threads to split the rows
+    read_ahead = _check(shape, dtype, threads=1, path="vector_read_ahead")
+    for threads in (1, 2):
+        for path in ("vector", "vector_read_ahead", "auto"):
+            np.testing.assert_array_equal(read_ahead, _check(shape, dtype, threads=threads, path=path))
+
+
 def test_paths_are_chosen_by_shape_and_can_be_forced():
     # With K past KC the loop nest sums K in KC-long pieces and the direct path in one chain,
     # so the two round differently and the bits show which path ran.
