@@ -43,8 +43,8 @@ def _cases():
                 yield pytest.param(impl.name, shape, dtype, id=f"{impl.name}-{shape}-{dtype}")
 
 
-@pytest.mark.parametrize("name, shape, dtype", list(_cases()))
-def test_matches_reference(name, shape, dtype):
+def _runnable(name, shape, dtype):
+    """The implementation, or the test skipped: not available here, or not for this problem."""
     impl = harness.lookup(name)
     reason = impl.unavailable_reason()
     if reason:
@@ -53,6 +53,12 @@ def test_matches_reference(name, shape, dtype):
         check_problem(impl, shape, dtype)
     except MatmulInputError as error:
         pytest.skip(str(error))
+    return impl
+
+
+@pytest.mark.parametrize("name, shape, dtype", list(_cases()))
+def test_matches_reference(name, shape, dtype):
+    _runnable(name, shape, dtype)
     a, b = harness.make_inputs(shape, dtype, seed=1)
     a_before, b_before = a.copy(), b.copy()
     result = harness.get(name)(a, b)
@@ -67,8 +73,6 @@ def test_matches_reference(name, shape, dtype):
 # The timed call: the harness prepares once, then runs the same prepared call over and over
 # (pytest-benchmark, compare, blas-grid) and may check the product after the last run.
 REPEATED_RUN_SHAPES = [Shape(33, 65, 17), Shape(1, 130, 70)]
-
-
 REPEATED_DECODE_SHAPE = Shape(3, 64, 256)  # X [3, 256] times W [64, 256]: whole q4_K blocks
 
 
@@ -90,15 +94,8 @@ def _repeated_run_cases():
 def test_a_prepared_call_run_again_and_again_gives_the_same_product(name, shape, kind):
     # A kernel that accumulates into its output (BLAS's C = A B + beta C with beta = 1) is right
     # after its first run and wrong after the second. `kind` is a dtype, or a decode row's format.
-    impl = harness.lookup(name)
-    reason = impl.unavailable_reason()
-    if reason:
-        pytest.skip(f"{name} unavailable: {reason}")
-    dtype = "float32" if impl.weights else kind
-    try:
-        check_problem(impl, shape, dtype)
-    except MatmulInputError as error:
-        pytest.skip(str(error))
+    dtype = "float32" if harness.lookup(name).weights else kind
+    impl = _runnable(name, shape, dtype)
     a, b = harness.make_inputs(shape, dtype, seed=2)
     given, rounding = b, None
     if impl.weights:
