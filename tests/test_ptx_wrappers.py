@@ -140,24 +140,25 @@ def probes_ptx(ptx_header: str) -> str:
     import tempfile
     from pathlib import Path
 
-    folder = Path(tempfile.mkdtemp(prefix="ptx-probes-"))
-    (folder / "ptx.h").write_text(ptx_header)
-    probe = folder / "probes.cu"
-    probe.write_text(PROBES)
-    command = [
-        sass.nvcc(),
-        "-arch=sm_90a",
-        "-ptx",
-        "-O3",
-        "-I",
-        str(folder),
-        "-o",
-        str(folder / "probes.ptx"),
-        str(probe),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return (folder / "probes.ptx").read_text()
+    with tempfile.TemporaryDirectory(prefix="ptx-probes-") as scratch:  # removed after, whatever happens
+        folder = Path(scratch)
+        (folder / "ptx.h").write_text(ptx_header)
+        probe = folder / "probes.cu"
+        probe.write_text(PROBES)
+        command = [
+            sass.nvcc(),
+            "-arch=sm_90a",
+            "-ptx",
+            "-O3",
+            "-I",
+            str(folder),
+            "-o",
+            str(folder / "probes.ptx"),
+            str(probe),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return (folder / "probes.ptx").read_text()
 
 
 def real_ptx() -> str:
