@@ -8,18 +8,20 @@ from pathlib import Path
 from subprocess import CalledProcessError
 
 from harness.backends import cuda, llama_cpp
+from harness.backends.c import clib
 from harness.backends.external import ExternalError, add_external, is_external
 from harness.env import files
 from harness.env.cores import usable_cores
 from harness.env.switches import switch_problems
 from harness.experiments import EXPERIMENTS
-from harness.experiments.arguments import count_at_least, positive_seconds
+from harness.experiments.arguments import count_at_least, positive_seconds, shape_without_zeros
 from harness.model import quant, registry
 from harness.model.core import run_mode
 from harness.model.errors import MatmulInputError, UnavailableError
 from harness.model.inputs import parse_shape, shape_argument
 from harness.model.registry import describe
 from harness.run.compare import compare
+from harness.tooling import ab
 from harness.tooling.headline import write
 from harness.tooling.report import write_report
 from harness.tooling.verdicts import main as judge
@@ -258,6 +260,32 @@ def main(argv=None) -> int:
     building.add_argument(
         "--source", default=None, metavar="DIR", help="a llama.cpp checkout to build (default: download the pinned one)"
     )
+    before_after = commands.add_parser(
+        "ab",
+        help="time a C implementation as a git revision built it against this checkout, in turn, one thread",
+    )
+    before_after.add_argument(
+        "--before",
+        required=True,
+        metavar="REVISION|LIBRARY",
+        help="a git revision (built once, cached) or a library file",
+    )
+    before_after.add_argument("--impls", nargs="+", default=["c.packed"], metavar="NAME", help="default c.packed")
+    before_after.add_argument(
+        "--shapes",
+        nargs="+",
+        type=shape_without_zeros,
+        default=list(ab.DEFAULT_SHAPES),
+        metavar="SHAPE",
+        help=f"N or MxNxK (default {' '.join(ab.DEFAULT_SHAPES)})",
+    )
+    before_after.add_argument("--dtypes", nargs="+", choices=["float32", "float64"], default=["float32"])
+    before_after.add_argument("--rounds", type=count_at_least(3), default=15, help="interleaved rounds (default 15)")
+    before_after.add_argument(
+        "--sample-time", type=positive_seconds, default=0.05, help="seconds a sample times (default 0.05)"
+    )
+    before_after.add_argument("--threads", type=int, default=1, help="1 (the only count ab can interleave)")
+    before_after.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     reporting = commands.add_parser("report", help="gather the experiments' JSON and plots in DIR into DIR/REPORT.md")
     reporting.add_argument("directory", nargs="?", default="out")
 
@@ -427,7 +455,30 @@ def _build_llama_cpp_command(parser, args) -> int:
     return 0
 
 
+def _ab_command(parser, args) -> int:
+    if args.threads != 1:
+        parser.error(
+            f"ab times one thread only (--threads {args.threads}): each build's idle workers would take a core "
+            "from the other's samples; time each build in its own process instead "
+            f"(MATMUL_C_LIBRARY=<library> python -m harness blas-grid --threads {args.threads}, in turn)"
+        )
+    _refuse_unwritable(parser, paths=[args.json])
+    unknown = [name for name in args.impls if name not in registry.REGISTRY]
+    if unknown:
+        parser.error(f"unknown implementation {', '.join(unknown)} (python -m harness list names them)")
+    try:
+        data = ab.run(args.before, args.impls, args.shapes, args.dtypes, args.rounds, args.sample_time, args.json)
+    except (ab.ABError, clib.CLibraryError) as error:
+        sys.stderr.write(f"{parser.prog} ab: {error}\n")
+        return 1
+    print(ab.table(data))
+    if args.json:
+        print(f"wrote {args.json}")
+    return 1 if any("skipped" in row for row in data["rows"]) else 0
+
+
 COMMANDS = {
+    "ab": _ab_command,
     "build-llama-cpp": _build_llama_cpp_command,
     "list": _list_command,
     "cuda-info": _cuda_info_command,

@@ -70,7 +70,7 @@ def statuses(json_path: Path) -> dict[str, str]:
 
 def built_library() -> Path:
     clib.load()  # built (or found current) in the checkout
-    return clib.checkout_build_dir() / clib._library_filename()
+    return clib.checkout_build_dir() / clib.library_filename()
 
 
 def copy_checkout(destination: Path, copy_function=shutil.copy, emulated: tuple[Path, ...] = ()) -> Path:
@@ -177,7 +177,7 @@ def test_a_read_only_copy_that_must_rebuild_is_an_error_not_unavailable(tmp_path
 
 def test_the_stamp_vouches_for_contents_and_an_emptied_library_is_rebuilt(tmp_path):
     copy = copy_checkout(tmp_path / "copy")
-    library = copy / "build" / "harness-c" / clib._library_filename()
+    library = copy / "build" / "harness-c" / clib.library_filename()
     assert clib._stale_reason(library, copy) is None  # copied, times reset: still current
     library.write_bytes(b"")  # emptied since its build (a full disk, a killed copy)
     assert "not what its build produced" in clib._stale_reason(library, copy)
@@ -202,7 +202,7 @@ def test_a_truncated_matmul_c_library_is_a_clear_error_not_a_bus_error(tmp_path,
         named = folder / "empty.so"
         named.write_bytes(b"")
     else:
-        named = folder / clib._library_filename()
+        named = folder / clib.library_filename()
         whole = named.read_bytes()
         named.write_bytes(whole[: len(whole) // 2])
     env = _environment(tmp_path, MATMUL_C_LIBRARY=str(named))
@@ -225,7 +225,7 @@ print(json.dumps({"mode": clib.call_mode(), "mapped": sorted(p for p in mapped i
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads which files are mapped from /proc")
 def test_matmul_c_library_loads_exactly_the_file_it_names(tmp_path, library_beside_its_glue):
     named = library_beside_its_glue / "renamed-libmatmul.so"
-    shutil.copy2(library_beside_its_glue / clib._library_filename(), named)
+    shutil.copy2(library_beside_its_glue / clib.library_filename(), named)
     env = _environment(tmp_path, MATMUL_C_LIBRARY=str(named))
     done = subprocess.run([sys.executable, "-c", LOADED_FILES], capture_output=True, text=True, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr

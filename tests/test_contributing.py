@@ -164,7 +164,7 @@ def _copy_with_rung(tmp_path: Path, source: str, registration: str) -> Path:
 def _run_rung_in_copy(copy: Path, name: str, **env) -> dict[str, dict]:
     from harness.backends.c import clib
 
-    library = clib.checkout_build_dir() / clib._library_filename()
+    library = clib.checkout_build_dir() / clib.library_filename()
     environment = {**os.environ, "COLUMNS": "100", "XDG_CACHE_HOME": str(copy / "cache")}
     environment.update(MATMUL_C_LIBRARY=str(library), PYTHONDONTWRITEBYTECODE="1", **env)
     args = ["compare", "--impls", name, "--shapes", *RUNG_SHAPES, "--no-baseline", "--json", "out.json"]
@@ -207,7 +207,7 @@ def test_a_triton_rung_without_the_names_the_harness_reads_is_an_error_naming_th
     from harness.backends.c import clib
 
     environment = {**os.environ, "COLUMNS": "200", "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    environment["MATMUL_C_LIBRARY"] = str(clib.checkout_build_dir() / clib._library_filename())
+    environment["MATMUL_C_LIBRARY"] = str(clib.checkout_build_dir() / clib.library_filename())
     done = subprocess.run(
         [sys.executable, "-c", IN_COPY, "compare", "--impls", "triton.tiles", "--shapes", "16", "--no-baseline"],
         cwd=copy,

@@ -262,7 +262,7 @@ def test_headroom_figures_are_reported():
 @pytest.fixture
 def library():
     clib.load()  # built and current
-    path = clib.checkout_build_dir() / clib._library_filename()
+    path = clib.checkout_build_dir() / clib.library_filename()
     yield path
     if clib._is_stale(path, harness.env.sources.sources_root()):
         clib.build_in_checkout()

@@ -40,7 +40,7 @@ from harness.model.checking import check, reference
 from harness.model.core import Matmul
 from harness.model.inputs import Shape, make_inputs, parse_shape
 from harness.model.registry import lookup
-from harness.model.timing import SETTLE_SECONDS
+from harness.model.timing import SETTLE_SECONDS, seconds_per_call
 from harness.run import machine
 from harness.run.compare import blas_limits
 
@@ -112,20 +112,6 @@ def blis_kernel() -> str | None:
     return blis_description()
 
 
-def _sample(call, sample_time: float, settle: float = 0.0) -> float:
-    """Seconds per call: a batch of calls long enough to be timed at ``sample_time``."""
-    if settle:
-        time.sleep(settle)
-    start = time.perf_counter()
-    call()
-    first = time.perf_counter() - start
-    batch = max(1, int(sample_time / max(first, 1e-7)))
-    start = time.perf_counter()
-    for _ in range(batch):
-        call()
-    return (time.perf_counter() - start) / batch
-
-
 def read_bytes(shape: Shape, dtype: str) -> int:
     """What a product reads at least: A and B once."""
     m, n, k = shape
@@ -163,7 +149,7 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
         if threads == 1:
             for _ in range(rounds):  # interleaved: a drift in the machine's speed hits every library alike
                 for name, call in calls.items():
-                    samples[name].append(_sample(call, sample_time))
+                    samples[name].append(seconds_per_call(call, sample_time))
                     read_roof(name)
         else:
             # One library at a time: on a machine with as many cores as threads, a library's
@@ -173,9 +159,9 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
             for name, call in calls.items():
                 time.sleep(SETTLE_SECONDS)
                 read_roof(name)
-                _sample(call, sample_time)  # its threads awake and its data in cache
+                seconds_per_call(call, sample_time)  # its threads awake and its data in cache
                 for _ in range(rounds):
-                    samples[name].append(_sample(call, sample_time))
+                    samples[name].append(seconds_per_call(call, sample_time))
                 time.sleep(SETTLE_SECONDS)
                 read_roof(name)
     seconds = {name: statistics.median(values) for name, values in samples.items()}

@@ -60,3 +60,16 @@ def time_cpu(run, min_time: float = 0.2, min_repeats: int = 3, max_repeats: int 
         samples.append(elapsed)
         total += elapsed
     return Timing.from_samples(samples)
+
+
+def seconds_per_call(call, sample_time: float) -> float:
+    """Seconds per call: one call to size a batch, then a batch long enough to be timed at
+    ``sample_time``, the batch's mean (one sample of an interleaved round: blas-grid, ab)."""
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    batch = max(1, int(sample_time / max(first, 1e-7)))
+    start = time.perf_counter()
+    for _ in range(batch):
+        call()
+    return (time.perf_counter() - start) / batch

@@ -79,7 +79,7 @@ def interprocess_lock(build_dir: Path):
         yield
 
 
-def _library_filename() -> str:
+def library_filename() -> str:
     return LIBRARY_NAMES.get(sys.platform, "libmatmul.so")
 
 
@@ -205,7 +205,7 @@ def _is_stale(library: Path, root: Path) -> bool:
     return _stale_reason(library, root) is not None
 
 
-def _cmake() -> str:
+def cmake_executable() -> str:
     found = shutil.which("cmake")
     if found:
         return found
@@ -227,8 +227,8 @@ def build_in_checkout(build_dir: Path | None = None, *extra_cmake_args: str, cle
     root = sources.sources_root()
     build_dir = build_dir or checkout_build_dir()
     exported_functions()  # a name marked in two files: said here, not as the linker's duplicate symbol
-    cmake = _cmake()
-    library = build_dir / _library_filename()
+    cmake = cmake_executable()
+    library = build_dir / library_filename()
     # The stamp goes first and comes back last: a build killed on the way leaves none. A library
     # left by a build killed while linking can be newer than the objects, and CMake would keep
     # it: remove it (and the glue linked to it) so they are linked again; unlinking leaves a
@@ -297,7 +297,7 @@ def library_path() -> Path:
         return Path(os.path.abspath(override))  # that very file: dlopen searches no folders for it
     if sources.in_checkout():
         root, build_dir = sources.sources_root(), checkout_build_dir()
-        library = build_dir / _library_filename()
+        library = build_dir / library_filename()
         reason = _stale_reason(library, root)
         if reason is None:
             return library  # current: no lock, nothing written (a read-only checkout works)
@@ -313,7 +313,7 @@ def library_path() -> Path:
                 "MATMUL_C_LIBRARY at a build of it"
             ) from error
         return library
-    installed = sources.PACKAGE_DIR / "_lib" / _library_filename()
+    installed = sources.PACKAGE_DIR / "_lib" / library_filename()
     if not installed.is_file():
         raise CLibraryError(f"the installed C library {installed} is missing; reinstall with `pip install .`")
     return installed
@@ -362,16 +362,27 @@ def _load(path: str):
     _refuse_if_truncated(Path(path))
     loaded = _load_through_glue(Path(path))
     if loaded is None:
-        import cffi
-
-        ffi = cffi.FFI()
-        ffi.cdef(cdef_text())
-        try:
-            loaded = ffi, ffi.dlopen(path), "dlopen", None
-        except OSError as error:
-            raise CLibraryError(f"cannot load the C library {path}: {error}") from error
+        return (*dlopen_file(Path(path)), "dlopen", None)
     _refuse_if_built_for_another_cpu(path, *loaded[:2])
     return loaded
+
+
+def dlopen_file(path: Path):
+    """(ffi, lib) for the library file at ``path``, opened through ffi.dlopen with this
+    checkout's declarations, as ``_load`` opens one without its glue: refused if truncated or
+    compiled for instructions this CPU lacks. For a second build beside the one ``load()``
+    gives (``python -m harness ab``); each dlopen'd file binds its own functions."""
+    import cffi
+
+    _refuse_if_truncated(path)
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_text())
+    try:
+        lib = ffi.dlopen(str(path))
+    except OSError as error:
+        raise CLibraryError(f"cannot load the C library {path}: {error}") from error
+    _refuse_if_built_for_another_cpu(str(path), ffi, lib)
+    return ffi, lib
 
 
 def _load_through_glue(library: Path):
