@@ -266,9 +266,9 @@ def main(argv=None) -> int:
     )
     before_after.add_argument(
         "--before",
-        required=True,
+        default="HEAD",
         metavar="REVISION|LIBRARY",
-        help="a git revision (built once, cached) or a library file",
+        help="a git revision (built once, cached) or a library file (default HEAD: the last commit)",
     )
     before_after.add_argument("--impls", nargs="+", default=["c.packed"], metavar="NAME", help="default c.packed")
     before_after.add_argument(
