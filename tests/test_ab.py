@@ -123,3 +123,10 @@ def test_a_git_revision_is_built_once_into_the_cache_and_timed_beside_this_check
     again = run_ab("--before", "HEAD", "--shapes", "8", *QUICK, env=environment)
     assert again.returncode == 0, again.stderr
     assert list((tmp_path / "cache").rglob(clib.library_filename())) == built
+
+
+def test_without_git_a_revision_is_refused_with_what_to_give_instead(tmp_path):
+    environment = {**os.environ, "PATH": str(tmp_path)}  # no git (nor anything else) on PATH
+    done = run_ab("--shapes", "8", *QUICK, env=environment)
+    assert done.returncode == 1
+    assert "needs git" in done.stderr and "library file" in done.stderr and "Traceback" not in done.stderr

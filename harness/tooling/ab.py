@@ -53,7 +53,10 @@ class ABError(RuntimeError):
 
 
 def _git(root: Path, *args: str, binary: bool = False):
-    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=not binary)
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=not binary)
+    except FileNotFoundError:
+        raise ABError("--before REVISION needs git, which is not installed here; give a library file instead") from None
     if done.returncode != 0:
         message = done.stderr if not binary else done.stderr.decode(errors="replace")
         raise ABError(f"git {' '.join(args)}: {message.strip() or 'failed'}")
