@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     )
     before_after = commands.add_parser(
         "ab",
-        help="time a C implementation as a git revision built it against this checkout, in turn, one thread",
+        help="time a C implementation as a git revision built it against this checkout's, in turn, one thread",
     )
     before_after.add_argument(
         "--before",
@@ -279,7 +279,14 @@ def main(argv=None) -> int:
         metavar="SHAPE",
         help=f"N or MxNxK (default {' '.join(ab.DEFAULT_SHAPES)})",
     )
-    before_after.add_argument("--dtypes", nargs="+", choices=["float32", "float64"], default=["float32"])
+    before_after.add_argument("--dtypes", nargs="+", choices=["float32", "float64", "bfloat16"], default=["float32"])
+    before_after.add_argument(
+        "--weights",
+        nargs="+",
+        type=_weight_format,
+        metavar="FORMAT",
+        help="a decode implementation's W formats (default: every one it takes; MxNxK is then X [M, K], W [N, K])",
+    )
     before_after.add_argument("--rounds", type=count_at_least(3), default=15, help="interleaved rounds (default 15)")
     before_after.add_argument(
         "--sample-time", type=positive_seconds, default=0.05, help="seconds a sample times (default 0.05)"
@@ -467,7 +474,9 @@ def _ab_command(parser, args) -> int:
     if unknown:
         parser.error(f"unknown implementation {', '.join(unknown)} (python -m harness list names them)")
     try:
-        data = ab.run(args.before, args.impls, args.shapes, args.dtypes, args.rounds, args.sample_time, args.json)
+        data = ab.run(
+            args.before, args.impls, args.shapes, args.dtypes, args.rounds, args.sample_time, args.json, args.weights
+        )
     except (ab.ABError, clib.CLibraryError) as error:
         sys.stderr.write(f"{parser.prog} ab: {error}\n")
         return 1

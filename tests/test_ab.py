@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import harness
 from harness.backends.c import clib
 from harness.env.cores import usable_cores
 
@@ -63,6 +64,10 @@ void matmul_naive_ijk_f32(const float *A, const float *B, float *C, int64_t M, i
     (void)A, (void)B, (void)K;
     memset(C, 0, (size_t)(M * N) * sizeof *C);
 }
+void matmul_naive_ijk_f64(const double *A, const double *B, double *C, int64_t M, int64_t N, int64_t K) {
+    (void)A, (void)B, (void)K;
+    memset(C, 0, (size_t)(M * N) * sizeof *C);
+}
 """
 
 
@@ -73,19 +78,36 @@ def test_a_build_whose_product_is_wrong_is_refused_before_anything_is_timed(tmp_
     (tmp_path / "wrong.c").write_text(WRONG_BUILD)
     wrong = tmp_path / "libwrong.so"
     subprocess.run([compiler, "-shared", "-fPIC", "-o", str(wrong), str(tmp_path / "wrong.c")], check=True)
-    done = run_ab("--before", str(wrong), "--impls", "c.naive_ijk", "--shapes", "8", "--dtypes", "float32", "float64",
-                  *QUICK)  # fmt: skip
+    done = run_ab("--before", str(wrong), "--impls", "c.naive_ijk", "c.blocked", "--shapes", "8",
+                  "--dtypes", "float32", "float64", *QUICK)  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
-    lines = [line for line in done.stdout.splitlines() if line.startswith("c.naive_ijk")]
-    assert len(lines) == 2
-    assert "the before build FAILED its check" in lines[0]
-    assert "the before library has no matmul_naive_ijk_f64" in done.stdout + done.stderr
+    naive = [line for line in done.stdout.splitlines() if line.startswith("c.naive_ijk")]
+    assert len(naive) == 2 and all("the before build FAILED its check" in line for line in naive), naive
+    # a function the before build lacks: that row says so, the others run
+    blocked = [line for line in done.stdout.splitlines() if line.startswith("c.blocked")]
+    assert len(blocked) == 2 and all("the before build:" in line and "matmul_blocked" in line for line in blocked)
 
 
-def test_an_implementation_not_called_as_a_plain_c_matmul_is_refused_before_anything_is_built():
+def test_decode_and_bf16_rows_are_prepared_from_each_build_by_their_own_backends(tmp_path):
+    """c.decode_int8 packs W with each build's own pack function, c.bf16 packs B: both through
+    their backends' prepare, with the library they ask for being the build under test."""
+    bf16 = harness.lookup("c.bf16").available  # AVX512_BF16 or AMX: not on every CPU CI runs on
+    library = clib.library_path()
+    out = tmp_path / "ab.json"
+    done = run_ab("--before", str(library), "--impls", "c.decode_int8", *(["c.bf16"] if bf16 else []),
+                  "--shapes", "3x64x256", "--weights", "q4_K", "q8_0", "--dtypes", "bfloat16",
+                  *QUICK, "--json", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    expected = [("c.decode_int8", "q4_K"), ("c.decode_int8", "q8_0")] + ([("c.bf16", "bfloat16")] if bf16 else [])
+    assert [(r["implementation"], r["dtype"]) for r in rows] == expected
+    assert all(row["same_bits"] for row in rows), rows
+
+
+def test_an_implementation_outside_the_c_library_is_refused_before_anything_is_built():
     done = run_ab("--before", "no-such-revision", "--impls", "numpy.matmul", *QUICK)
     assert done.returncode == 1
-    assert "numpy.matmul is not one of the C implementations" in done.stderr
+    assert "numpy.matmul is not one of the C library's implementations" in done.stderr
     assert "git" not in done.stderr  # refused before the revision was looked at
 
 

@@ -11,9 +11,11 @@ over the rounds.
 The "before" build is a git revision of this checkout (its ``c/`` and ``CMakeLists.txt``,
 built once per revision and CPU into the user cache, as the checkout's own build is, native),
 or a library file; the "after" build is the library this checkout runs (MATMUL_C_LIBRARY's if
-set). Both are opened through cffi's dlopen with this checkout's declarations and called with
-the arguments the harness passes; each product is checked against the float64 reference before
-anything is timed, and the two builds' products are compared bit for bit.
+set). Both are opened through cffi's dlopen with this checkout's declarations, and the
+implementation is prepared from each by its own backend, as a comparison prepares it, with
+``clib.load()`` giving that build (``clib.loaded_as``): c.packed's call, c.bf16's packing of B,
+c.decode_int8's packing of W (each build packs with its own code). Each product is checked
+against the float64 reference before anything is timed, and the two compared bit for bit.
 
 One thread only: each build has its own thread pool, whose workers spin for a while after each
 call, so on a machine with as many cores as threads each build's samples would pay for the
@@ -35,11 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.backends import c as c_backends
 from harness.backends.c import clib
 from harness.env import cache, files, sources
-from harness.env.interrupts import call_interruptibly
-from harness.model.checking import check, reference
+from harness.model import quant
+from harness.model.checking import check
 from harness.model.inputs import make_inputs, parse_shape
 from harness.model.registry import lookup
 from harness.model.timing import seconds_per_call
@@ -111,75 +112,56 @@ def before_library(before: str) -> tuple[Path, str]:
 
 @dataclass
 class Build:
-    """One build, opened: its functions by name."""
+    """One build, opened with dlopen."""
 
     label: str
     ffi: object
     lib: object
 
-    def function(self, name: str):
-        try:
-            return getattr(self.lib, name)
-        except AttributeError:
-            raise ABError(f"the {self.label} library has no {name} (a build from before it was written?)") from None
+
+def _refuse_unless_c(impl) -> None:
+    if impl.language != "c" or impl.device != "cpu":
+        raise ABError(f"{impl.name} is not one of the C library's implementations (c.*): ab times those")
 
 
-def _signature_parts(impl):
-    """(C function name prefix, extra arguments, the status check, the M*N*K from which a call is
-    made interruptible) for an implementation called as ``matmul_<kernel>_<f32|f64>(A, B, C, M,
-    N, K, *extra)``, at one thread; ABError for any other."""
-    backend = impl.backend
-    if not isinstance(backend, c_backends.CBackend) or type(backend).prepare is not c_backends.CBackend.prepare:
-        raise ABError(
-            f"{impl.name} is not one of the C implementations called as matmul_<kernel>(A, B, C, M, N, K, ...) "
-            "(c.naive_*, c.blocked, c.goto, c.packed): ab times those"
-        )
-    options = {**impl.options, **({"threads": 1} if impl.threaded else {})}
-    extra = tuple(backend.extra_args(impl, options))
-    return f"matmul_{backend.kernel}", extra, backend.check_status, backend.interruptible_mnk(extra)
+def _inputs(impl, shape, kind: str):
+    """A and B as a comparison makes them; for a decode implementation (``kind`` a weight
+    format) X [M, K] and W [N, K] quantized, the seeded B being W^T."""
+    if not impl.weights:
+        return make_inputs(shape, kind)
+    a, b = make_inputs(shape, "float32")
+    return a, quant.quantize(np.ascontiguousarray(b.T), kind)
 
 
-def _call(build: Build, function, a, b, c, extra, check_status, long_call_mnk: float):
-    """``run()``: the call the harness makes, into ``c`` (on a worker thread, as the harness
-    makes a call that may run long, so that Ctrl-C stops the command: the same for both builds)."""
-    ctype = "float[]" if a.dtype == np.float32 else "double[]"
-    (m, k), n = a.shape, b.shape[1]
-    args = (build.ffi.from_buffer(ctype, a), build.ffi.from_buffer(ctype, b), build.ffi.from_buffer(ctype, c), m, n, k)
-    args += extra
-    interruptible = m * n * k >= long_call_mnk
-
-    def run():
-        status = call_interruptibly(function, args) if interruptible else function(*args)
-        if status:
-            check_status(status)
-
-    return run
-
-
-def measure(impl_name: str, shape, dtype: str, builds: tuple[Build, Build], rounds: int, sample_time: float):
-    """One row: each build's product checked, then ``rounds`` interleaved rounds."""
+def measure(impl_name: str, shape, kind: str, builds: tuple[Build, Build], rounds: int, sample_time: float):
+    """One row: the implementation prepared from each build (its backend's own prepare, with
+    load() giving that build), each product checked, then ``rounds`` interleaved rounds.
+    ``kind``: a dtype, or for a decode implementation its weights' format."""
     impl, shape = lookup(impl_name), parse_shape(shape)
-    prefix, extra, check_status, long_call_mnk = _signature_parts(impl)
-    row = {"implementation": impl_name, "shape": str(shape), "dtype": dtype}
-    if dtype not in impl.dtypes:
-        return {**row, "skipped": f"{impl_name} does not take {dtype}"}
-    a, b = make_inputs(shape, dtype)
-    suffix = {"float32": "f32", "float64": "f64"}[dtype]
-    try:
-        functions = [build.function(f"{prefix}_{suffix}") for build in builds]
-    except ABError as error:
-        return {**row, "skipped": str(error)}
-    products, calls = [], []
-    expected = reference(a, b)
-    for build, function in zip(builds, functions):
-        c = c_backends.empty_output(shape.m, shape.n, np.dtype(dtype))  # as the harness's call allocates C
-        run = _call(build, function, a, b, c, extra, check_status, long_call_mnk)
-        run()
-        outcome = check(c, a, b, expected)
+    _refuse_unless_c(impl)
+    row = {"implementation": impl_name, "shape": str(shape), "dtype": kind}
+    takes = impl.weights or impl.dtypes
+    if kind not in takes:
+        return {**row, "skipped": f"{impl_name} does not take {kind} (it takes {', '.join(takes)})"}
+    reason, _ = impl.availability()  # judged on this checkout's build
+    if reason:
+        return {**row, "skipped": f"{impl_name} is unavailable here: {reason}"}
+    a, b = _inputs(impl, shape, kind)
+    options = {**impl.options, **({"threads": 1} if impl.threaded else {})}
+    calls, products = [], []
+    for build in builds:
+        try:
+            with clib.loaded_as(build.ffi, build.lib):
+                prepared = impl.backend.prepare(impl, a, b, options)
+            prepared.run()
+        except (AttributeError, RuntimeError, MemoryError, ValueError) as error:  # e.g. a function it lacks
+            return {**row, "skipped": f"the {build.label} build: {error}"}
+        product = prepared.result()
+        outcome = check(product, a, b, activation_rounding=impl.activation_rounding)
         if not outcome.passed:
             return {**row, "skipped": f"the {build.label} build FAILED its check: {outcome.message}"}
-        products.append(c)
-        calls.append(run)
+        calls.append(prepared.run)
+        products.append(product)
     samples: list[list[float]] = [[], []]
     for index in range(rounds):
         order = (0, 1) if index % 2 == 0 else (1, 0)
@@ -229,18 +211,23 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def run(before: str, impls, shapes, dtypes, rounds: int, sample_time: float, json_path: str | None = None) -> dict:
+def run(
+    before: str, impls, shapes, dtypes, rounds: int, sample_time: float, json_path: str | None = None, weights=None
+) -> dict:
+    """Both builds opened, a row per implementation, shape and dtype it takes (for a decode
+    implementation, per weight format: ``weights``, or every one it takes); an implementation
+    that takes none of them, one row that says so."""
     for name in impls:  # refused before anything is built
-        _signature_parts(lookup(name))
+        _refuse_unless_c(lookup(name))
     path, label = before_library(before)
     after_path = clib.library_path()
     builds = (Build("before", *clib.dlopen_file(path)), Build("after", *clib.dlopen_file(after_path)))
-    rows = [
-        measure(name, shape, dtype, builds, rounds, sample_time)
-        for name in impls
-        for shape in shapes
-        for dtype in dtypes
-    ]
+    rows = []
+    for name in impls:
+        impl = lookup(name)
+        asked = (weights or impl.weights) if impl.weights else dtypes
+        kinds = [kind for kind in asked if kind in (impl.weights or impl.dtypes)] or asked[:1]  # else: why not
+        rows += [measure(name, shape, kind, builds, rounds, sample_time) for shape in shapes for kind in kinds]
     data = {
         "before": f"{label} ({path})",
         "after": f"this checkout's library ({after_path})",

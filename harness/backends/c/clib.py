@@ -520,11 +520,29 @@ def load():
     (the dynamic loader will not load one path twice): an edited ``c/*.c`` takes effect in the
     next process. A checkout's library that will not load is rebuilt once (a damaged file)."""
     global _loaded
+    if _standing_in is not None:
+        return _standing_in
     if _loaded is None:
         with _load_lock:
             if _loaded is None:
                 _loaded = _locate_and_load()
     return _loaded[:2]
+
+
+_standing_in = None  # (ffi, lib) of another build while loaded_as() holds it, else None
+
+
+@contextmanager
+def loaded_as(ffi, lib):
+    """Inside, load() gives (ffi, lib), a build opened with dlopen_file: a backend's prepare()
+    binds that build's functions into the call it returns, which keeps them after the ``with``
+    (``python -m harness ab`` prepares the same implementation from two builds so)."""
+    global _standing_in
+    before, _standing_in = _standing_in, (ffi, lib)
+    try:
+        yield
+    finally:
+        _standing_in = before
 
 
 def call_mode() -> str:
