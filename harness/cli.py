@@ -279,7 +279,14 @@ def main(argv=None) -> int:
         metavar="SHAPE",
         help=f"N or MxNxK (default {' '.join(ab.DEFAULT_SHAPES)})",
     )
-    before_after.add_argument("--dtypes", nargs="+", choices=["float32", "float64", "bfloat16"], default=["float32"])
+    before_after.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=["float32", "float64", "bfloat16"],
+        default=["float32"],
+        metavar="DTYPE",
+        help="float32 (default), float64, bfloat16 (c.bf16's)",
+    )
     before_after.add_argument(
         "--weights",
         nargs="+",
