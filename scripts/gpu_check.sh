@@ -237,6 +237,7 @@ fi
 mkdir -p "$1"
 OUT="$(cd "$1" && pwd)"
 WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT  # each step's files are in results.tar by then (a dry run left one a run)
 SITE="$WORK/site"  # packages the loaders step installs (the image's own environment stays untouched)
 export WORK SITE PYTHON ROOT
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"

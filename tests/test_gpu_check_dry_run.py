@@ -62,8 +62,11 @@ def run(
     smi.write_text("#!/bin/sh\necho 'name, driver_version'\necho 'Fake GPU, 0.0'\n")
     smi.chmod(0o755)
     out = tmp_path / "out"
+    scratch = tmp_path / "tmp"  # the script's own temporary folder goes here, not into /tmp
+    scratch.mkdir()
     env = {
         **os.environ,
+        "TMPDIR": str(scratch),
         "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
         "MATMUL_GPU_DEADLINE": str(deadline),
         "MATMUL_GPU_TIME_SCALE": str(scale),
@@ -101,6 +104,7 @@ def test_step_list_is_ordered_by_value():
 
 def test_all_steps_pass(tmp_path):
     done, _, out = run(tmp_path, {"environment": 'nvidia-smi > "$STEP_DIR/gpu.txt"'}, deadline=60, scale=0.05)
+    assert not list((tmp_path / "tmp").iterdir()), "the script left its working folder behind"
     assert done.returncode == 0, done.stdout + done.stderr
     lines = summary_lines(out)
     assert list(lines) == steps()
