@@ -196,17 +196,17 @@ def table(data: dict) -> str:
         f"before: {data['before']}",
         f"after: {data['after']}",
         f"one thread, {data['rounds']} rounds, each a sample of each build in turn",
-        f"{'implementation':<{width}}{'shape':<19}{'before':>11}{'after':>11} {'speed':<18}bits",
+        f"{'implementation':<{width}}{'shape':<18}{'before':>11}{'after':>11} {'speed':<18} bits",
     ]
     for row in rows:
-        start = f"{row['implementation']:<{width}}{row['shape'] + ' ' + row['dtype'].replace('float', 'f'):<19}"
+        start = f"{row['implementation']:<{width}}{row['shape'] + ' ' + row['dtype'].replace('float', 'f'):<18}"
         if "skipped" in row:
-            lines.append(start + row["skipped"])
+            lines.append(start + " " + row["skipped"])
             continue
         low, high = row["speedup_range"]
         bits = "same" if row["same_bits"] else f"differ {row['max_abs_difference']:.1e}"
         speed = f"{row['speedup']:.2f}x ({low:.2f}-{high:.2f})"
-        lines.append(start + f"{_duration(row['before_s']):>11}{_duration(row['after_s']):>11} {speed:<18}{bits}")
+        lines.append(start + f"{_duration(row['before_s']):>11}{_duration(row['after_s']):>11} {speed:<18} {bits}")
     lines.append("speed: before's time / after's in each round, the median (and the range);")
     lines.append("       above 1, after is faster")
     lines.append("bits: the two builds' products the same bit for bit, or their largest difference")
