@@ -142,18 +142,19 @@ enum { GEMV_CHUNK = 32768 / sizeof(real), GEMV_ROWS = 8 };
 enum { GEMV_AHEAD = 1024, GEMV_LINE = 64 / sizeof(real) };
 enum gemv_ahead { GEMV_AHEAD_NONE, GEMV_AHEAD_INTO_L1, GEMV_AHEAD_INTO_L2 };
 
-/* Reads the line GEMV_AHEAD bytes past column j of each of the eight rows (the locality is the
- * instruction's: 3 is prefetcht0, into L1; 2 is prefetcht1, into L2); from GEMV_AHEAD before
- * the chunk's end c1, the line as far into the next eight rows' chunk (to_next_group on), the
- * lines read next, where past c1 lie the next row's start, already being read by this pass, or
- * the row's next chunk, not read until every row has passed. On a Zen 4 (into L2), one thread,
+/* Reads the line GEMV_AHEAD bytes past column j of each of the eight rows b0 .. b7 (the locality
+ * is the instruction's: 3 is prefetcht0, into L1; 2 is prefetcht1, into L2); from GEMV_AHEAD
+ * before the chunk's end c1, the line as far into the next eight rows' chunk (to_next_group is
+ * the step from a column of these rows to the same place in the next eight's chunk): the lines
+ * read next, where past c1 lie the next row's start, already being read by this pass, or the
+ * row's next chunk, not read until every row has passed. On a Zen 4 (into L2), one thread,
  * medians of 21-41 interleaved calls against reading past c1: 1 x 2048 x 16384 float32 (rows of
  * 8 KiB, where the next rows' first KiB is 1/8 of B) 1.04-1.08x faster in three runs, float64
  * 0.98-1.05x, 1 x 4096 x 4096 and 1 x 8192 x 8192 0.98-1.04x. */
-#define GEMV_READ_EIGHT_AHEAD(j, locality)                                                                             \
+#define GEMV_READ_EIGHT_AHEAD(j, c1, to_next_group, locality)                                                          \
     do {                                                                                                               \
         int64_t ahead = (j) + GEMV_AHEAD / (int64_t)sizeof(real);                                                      \
-        if (ahead >= c1) ahead += to_next_group;                                                                       \
+        if (ahead >= (c1)) ahead += (to_next_group);                                                                   \
         __builtin_prefetch(b0 + ahead, 0, locality), __builtin_prefetch(b1 + ahead, 0, locality);                      \
         __builtin_prefetch(b2 + ahead, 0, locality), __builtin_prefetch(b3 + ahead, 0, locality);                      \
         __builtin_prefetch(b4 + ahead, 0, locality), __builtin_prefetch(b5 + ahead, 0, locality);                      \
@@ -200,12 +201,12 @@ static void row_times_matrix(const real *restrict a, const real *restrict B, rea
             /* a line of each row at a time, each row read ahead once per line */
             if (read_ahead == GEMV_AHEAD_INTO_L1)
                 for (; j + GEMV_LINE <= c1; j += GEMV_LINE) {
-                    GEMV_READ_EIGHT_AHEAD(j, 3);
+                    GEMV_READ_EIGHT_AHEAD(j, c1, to_next_group, 3);
                     GEMV_ADD_EIGHT_ROWS(j, j + GEMV_LINE);
                 }
             else if (read_ahead == GEMV_AHEAD_INTO_L2)
                 for (; j + GEMV_LINE <= c1; j += GEMV_LINE) {
-                    GEMV_READ_EIGHT_AHEAD(j, 2);
+                    GEMV_READ_EIGHT_AHEAD(j, c1, to_next_group, 2);
                     GEMV_ADD_EIGHT_ROWS(j, j + GEMV_LINE);
                 }
             GEMV_ADD_EIGHT_ROWS(j, c1);

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
 import harness
 from harness.model.inputs import Shape
-from harness.model.quant import quantize
+from harness.model.quant import make_decode_inputs
 
 GEMM_SHAPES = (Shape(67, 45, 33), Shape(129, 131, 70))
 GEMV_SHAPES = (Shape(1, 45, 67), Shape(1, 131, 1030))
@@ -51,8 +49,7 @@ def main() -> int:
         if impl.weights:  # decode: X [M, K] times W [N, K] in each format, M past one pass of 16 rows
             for fmt in impl.weights:
                 for shape in Q4K_DECODE_SHAPES if fmt == "q4_K" else DECODE_SHAPES:
-                    x, b = harness.make_inputs(shape, "float32", seed=3)
-                    w = quantize(np.ascontiguousarray(b.T), fmt)
+                    x, w = make_decode_inputs(shape, fmt, seed=3)
                     outcome = harness.check(harness.get(impl.name)(x, w), x, w.dequantize().T)
                     print(f"{impl.name} {fmt} {shape}: {outcome.message}", flush=True)
                     failures += not outcome.passed

@@ -87,13 +87,10 @@ Q4K_DECODE_SHAPES = [
 def test_native_decode_matches_reference(fmt, loader):
     """cuda.decode (Y = X W^T, W quantized) at its edge shapes, checked against the float64
     product of X and the weights the format holds."""
-    import numpy as np
-
-    from harness.model.quant import quantize
+    from harness.model.quant import make_decode_inputs
 
     for shape in Q4K_DECODE_SHAPES if fmt == "q4_K" else DECODE_SHAPES:
-        x, b = harness.make_inputs(shape, "float32", seed=7)
-        w = quantize(np.ascontiguousarray(b.T), fmt)
+        x, w = make_decode_inputs(shape, fmt, seed=7)
         prepared = harness.get("cuda.decode").prepare(x, w)
         assert prepared.mode == "native" and prepared.loader == loader
         prepared.run()

@@ -15,8 +15,7 @@ import harness
 from harness.backends import ggml_peer
 from harness.model import activation_error
 from harness.model.checking import check
-from harness.model.inputs import make_inputs
-from harness.model.quant import quantize
+from harness.model.quant import make_decode_inputs, quantize
 
 IMPL = harness.lookup("ggml.mul_mat")
 REASON = IMPL.unavailable_reason()
@@ -30,8 +29,7 @@ EDGE_SHAPES = [f"{m}x{n}x{k}" for k in (32, 64, 96, 4128) for n in (1, 7, 33) fo
 
 def problem(shape: str, fmt: str, seed: int = 0):
     """X [M, K] and the weights of the harness's decode problem, and W as float32 [N, K]."""
-    x, b = make_inputs(shape, "float32", seed)
-    w = quantize(np.ascontiguousarray(b.T), fmt)
+    x, w = make_decode_inputs(shape, fmt, seed)
     return x, w, w.dequantize()
 
 

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 import harness
-from harness.run.compare import _median_round, _round_order
+from harness.model.timing import round_order
+from harness.run.compare import _median_round
 from harness.run.results import Row
 
 pytestmark = pytest.mark.usefixtures("forget_user_kernels")  # each test's kernels leave with it
@@ -58,7 +59,7 @@ def test_a_row_that_fails_in_the_first_round_is_not_run_again(tmp_path):
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5])
 def test_each_round_is_an_order_of_all_rows_and_no_row_always_comes_right_after_the_same_one(count):
-    orders = [_round_order(count, index) for index in range(3)]
+    orders = [round_order(count, index) for index in range(3)]
     assert all(sorted(order) == list(range(count)) for order in orders)
     for row in range(count):
         before = {order[order.index(row) - 1] if order.index(row) else None for order in orders}

@@ -131,14 +131,13 @@ Q4K_DECODE_SHAPES = [
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "bf16", "q4_K"])
 @pytest.mark.parametrize("m1_config", [0, 1])
 def test_decode_native_at_the_edge_shapes_with_fixed_configs(fmt, m1_config):
-    from harness.model.quant import quantize
+    from harness.model.quant import make_decode_inputs
 
     module = triton_kernels.load_source("triton/decode.py")
     m1 = module.CONFIGS[fmt][m1_config]
     rows = next(config for config in module.ROWS_CONFIGS if module.fits(config, module.MAX_M))
     for shape in Q4K_DECODE_SHAPES if fmt == "q4_K" else DECODE_SHAPES:
-        x, b = make_inputs(shape, "float32", seed=7)
-        w = quantize(np.ascontiguousarray(b.T), fmt)
+        x, w = make_decode_inputs(shape, fmt, seed=7)
         scales, quants = module.pack(fmt, w.n, w.k, torch.from_numpy(w.data.copy()))
         scales = scales.cuda() if scales is not None else None
         chosen = m1 if x.shape[0] == 1 else rows

@@ -40,7 +40,7 @@ from harness.model.checking import check, reference
 from harness.model.core import Matmul
 from harness.model.inputs import Shape, make_inputs, parse_shape
 from harness.model.registry import lookup
-from harness.model.timing import SETTLE_SECONDS, seconds_per_call
+from harness.model.timing import SETTLE_SECONDS, interleaved_samples, seconds_per_call
 from harness.run import machine
 from harness.run.compare import blas_limits
 
@@ -137,7 +137,6 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
         if peer.available:
             call = Matmul(peer, threads=threads)
             calls[key] = lambda call=call: call(a, b)
-    samples: dict[str, list[float]] = {name: [] for name in calls}
     roofs: dict[str, list[float]] = {name: [] for name in calls}  # a streamed cell's read roofs beside each library
     nbytes = read_bytes(shape, dtype)
 
@@ -147,11 +146,9 @@ def measure_case(shape: Shape, dtype: str, threads: int, rounds: int, sample_tim
 
     with blas_limits(threads):
         if threads == 1:
-            for _ in range(rounds):  # interleaved: a drift in the machine's speed hits every library alike
-                for name, call in calls.items():
-                    samples[name].append(seconds_per_call(call, sample_time))
-                    read_roof(name)
+            samples = interleaved_samples(calls, rounds, sample_time, after_sample=read_roof)
         else:
+            samples = {name: [] for name in calls}
             # One library at a time: on a machine with as many cores as threads, a library's
             # idle workers (spinning, or slow to wake) take a core from the next one for a
             # while after every switch, which interleaving would pay on every sample (and the

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.model.errors import MatmulInputError
+from harness.model.inputs import make_inputs
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,14 @@ def quantize(w, format: str) -> QuantizedWeights:
 _F32 = np.float32
 _ROUNDING_MAGIC = _F32(12582912.0)  # 1.5 * 2^23
 _CHUNK_WEIGHTS = 1 << 19  # rows of W are quantized a few at a time: about 2 MiB per [32, S] array
+
+
+def make_decode_inputs(shape, format: str, seed: int = 0, dtype="float32") -> tuple[np.ndarray, QuantizedWeights]:
+    """X [M, K] and W [N, K] in ``format``, as a comparison makes a decode problem:
+    ``make_inputs``'s seeded A and B, X being A and W being B^T quantized (so that X @ W^T is
+    near A @ B). Raises MatmulInputError where ``format`` cannot hold N x K."""
+    x, b = make_inputs(shape, dtype, seed)
+    return x, quantize(np.ascontiguousarray(b.T), format)
 
 
 def _nearest_int(value: np.ndarray) -> np.ndarray:

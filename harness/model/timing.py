@@ -73,3 +73,26 @@ def seconds_per_call(call, sample_time: float) -> float:
     for _ in range(batch):
         call()
     return (time.perf_counter() - start) / batch
+
+
+def round_order(count: int, round_index: int) -> list[int]:
+    """The order of ``count`` things timed in turn in round ``round_index``: the first round in
+    order, the second reversed, then rotated by one every two rounds (and reversed every other
+    round), so that none is always timed right after the same one (a cache another left warm,
+    a core's clock another raised)."""
+    order = [(index + round_index // 2) % count for index in range(count)]
+    return order[::-1] if round_index % 2 else order
+
+
+def interleaved_samples(calls: dict, rounds: int, sample_time: float, after_sample=None) -> dict[str, list[float]]:
+    """``rounds`` rounds, each a ``seconds_per_call`` sample of every call in turn (in
+    ``round_order``), so that a drift in the machine's speed hits them all alike: the samples
+    by name. ``after_sample(name)``, if given, runs after each sample, outside it."""
+    names = list(calls)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        for index in round_order(len(names), round_index):
+            samples[names[index]].append(seconds_per_call(calls[names[index]], sample_time))
+            if after_sample is not None:
+                after_sample(names[index])
+    return samples

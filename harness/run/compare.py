@@ -35,7 +35,7 @@ from harness.model.core import (
 )
 from harness.model.inputs import Shape, dtype_name, make_inputs, parse_shape
 from harness.model.registry import REGISTRY, describe, implementations
-from harness.model.timing import SETTLE_SECONDS, Timing, time_cpu
+from harness.model.timing import SETTLE_SECONDS, Timing, round_order, time_cpu
 from harness.run import machine
 from harness.run.isolation import (
     ISOLATE_CHOICES,
@@ -232,7 +232,7 @@ def compare(
             measured: list[list[Row]] = [[] for _ in impls_here]
             roofs_beside: list[float] = []
             for round_index in range(rounds):
-                for index in _round_order(len(impls_here), round_index):
+                for index in round_order(len(impls_here), round_index):
                     if measured[index] and not (measured[index][0].passed and measured[index][0].timed):
                         continue  # a row that failed, was skipped or is never timed is done after one round
                     impl = impls_here[index]
@@ -347,12 +347,14 @@ class _Problem:
         self._float_b = None  # the float B [K, N] the reference multiplies (a decode problem's W^T)
 
     def _make_inputs(self):
+        if self.quantized:
+            # (raises MatmulInputError where K % 32 != 0: every row's error)
+            x, w = quant.make_decode_inputs(self.shape, self.weights, self.seed, self.dtype)
+            x.flags.writeable = False
+            self._float_b = w.dequantize().T
+            return x, w
         a, b = make_inputs(self.shape, self.dtype, self.seed)
         a.flags.writeable = False
-        if self.quantized:
-            w = quant.quantize(np.ascontiguousarray(b.T), self.weights)  # raises MatmulInputError (K % 32) for all rows
-            self._float_b = w.dequantize().T
-            return a, w
         b.flags.writeable = False
         self._float_b = b
         return a, b
@@ -446,14 +448,6 @@ class _InProcess:
 
     def written(self) -> list[str]:
         return self.problem.written()
-
-
-def _round_order(count: int, round_index: int) -> list[int]:
-    """The order of a problem's ``count`` rows in round ``round_index``: the first round in
-    order, the second reversed, then rotated by one row every two rounds (and reversed every
-    other round), so that a row is not always timed right after the same one."""
-    order = [(index + round_index // 2) % count for index in range(count)]
-    return order[::-1] if round_index % 2 else order
 
 
 def _median_round(measured: list[Row]) -> Row:

@@ -43,7 +43,7 @@ from harness.model import quant
 from harness.model.checking import check
 from harness.model.inputs import make_inputs, parse_shape
 from harness.model.registry import lookup
-from harness.model.timing import seconds_per_call
+from harness.model.timing import interleaved_samples
 
 DEFAULT_SHAPES = ("1024", "1x4096x4096", "4096x1x4096")
 BUILT_FROM = ("c", "CMakeLists.txt")  # what a revision's library is built from (without the call glue)
@@ -129,10 +129,7 @@ def _refuse_unless_c(impl) -> None:
 def _inputs(impl, shape, kind: str):
     """A and B as a comparison makes them; for a decode implementation (``kind`` a weight
     format) X [M, K] and W [N, K] quantized, the seeded B being W^T."""
-    if not impl.weights:
-        return make_inputs(shape, kind)
-    a, b = make_inputs(shape, "float32")
-    return a, quant.quantize(np.ascontiguousarray(b.T), kind)
+    return quant.make_decode_inputs(shape, kind) if impl.weights else make_inputs(shape, kind)
 
 
 def measure(impl_name: str, shape, kind: str, builds: tuple[Build, Build], rounds: int, sample_time: float):
@@ -164,16 +161,12 @@ def measure(impl_name: str, shape, kind: str, builds: tuple[Build, Build], round
             return {**row, "skipped": f"the {build.label} build FAILED its check: {outcome.message}"}
         calls.append(prepared.run)
         products.append(product)
-    samples: list[list[float]] = [[], []]
-    for index in range(rounds):
-        order = (0, 1) if index % 2 == 0 else (1, 0)
-        for which in order:
-            samples[which].append(seconds_per_call(calls[which], sample_time))
-    speedups = [before / after for before, after in zip(*samples)]
+    samples = interleaved_samples(dict(zip(("before", "after"), calls)), rounds, sample_time)
+    speedups = [before / after for before, after in zip(samples["before"], samples["after"])]
     return {
         **row,
-        "before_s": statistics.median(samples[0]),
-        "after_s": statistics.median(samples[1]),
+        "before_s": statistics.median(samples["before"]),
+        "after_s": statistics.median(samples["after"]),
         "speedup": statistics.median(speedups),
         "speedup_range": [min(speedups), max(speedups)],
         "same_bits": bool(np.array_equal(products[0], products[1])),
