@@ -359,10 +359,10 @@ AVX2 static void rows_avx2(const void *x, int64_t mb, const uint8_t *W, int64_t 
  * chains in flight; one row's two chains, even and odd slots, before): the same integers, the
  * same bits. On a Zen 4, one thread, W 4096 x 4096 in cache, medians of 21 interleaved rounds
  * against the two chains: M = 4 1.05x faster, M = 1, 8 and 16 1.02-1.03x (15 rounds: M = 128
- * 1.03x, 512 1.01x; the core's
- * vpdpbusd, a 64-byte load of X each, at about 0.52 ns a piece from M = 16 on: taking the
- * float work away altogether made it 1.14x faster, which bounds what a cheaper float step
- * could buy; 8 rows a gang, or gangs taking every pair of a slice, were no faster). */
+ * 1.03x, 512 1.01x). From M = 16 on each vpdpbusd, a 64-byte load of X each, takes about
+ * 0.52 ns; taking the float work away altogether (timing only) made it 1.14x faster, which
+ * bounds what a cheaper float step could buy; 8 rows a gang, or gangs taking every pair of a
+ * slice, were no faster. */
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 
 VNNI INLINE float sum16(__m512 v) {
