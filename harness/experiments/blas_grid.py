@@ -8,7 +8,8 @@ float64, on 1 and 2 threads, and prints c.packed's speed as a ratio to each (abo
 c.packed is faster).
 
 How it is timed: on one thread the calls of one case are interleaved, round after round (each
-round times each call for at least ``--sample-time`` seconds, in batches for the fast ones).
+round times each call for at least ``--sample-time`` seconds, in batches for the fast ones,
+each round in another order: ``timing.round_order``, as compare and ab take them).
 Each call's time is the median over the rounds, and each ratio the median over the rounds of
 the ratio within a round, whose calls run back to back: a burst of noise, or a drift of the
 machine's speed between rounds, falls on all of them alike. On more than one thread, each
