@@ -38,10 +38,11 @@
  *     reads one sequential stream. The slices keep the share of X that a slice needs (at
  *     M = 16, 20 KiB) in L1 while W streams past; each row's lanes wait between slices exactly.
  *
- * Variants: portable C, AVX2 (vpmaddubsw, F16C, FMA) and AVX-512 VNNI (row_vnni: the same
- * layout of W, two super-blocks a 512-bit register, one vpdpbusd per slot). The portable C and
- * AVX2 give the same bits; the VNNI kernel sums each lane over every other super-block, so its
- * bits are its own (within the same error model), again the same for every thread count and M.
+ * Variants: portable C, AVX2 (vpmaddubsw, F16C, FMA) and AVX-512 VNNI (row_vnni, and
+ * tile_vnni from 9 rows of X: the same layout of W, two super-blocks a 512-bit register, one
+ * vpdpbusd per slot). The portable C and AVX2 give the same bits; the VNNI kernel sums each
+ * lane over every other super-block, so its bits are its own (within the same error model),
+ * again the same for every thread count and M.
  *
  * Rows of X go 16 per pass over W; the number in a pass is a compile-time constant for every
  * M = 1..16 (a switch over inlined copies), so the loops over them unroll. Threads take
@@ -74,7 +75,9 @@ enum {
     SLICE = 4,                       /* super-blocks per slice of K */
     PREFETCH = 2048,                 /* bytes ahead in W's stream (row_avx2, row_vnni) */
     PREFETCH_L2 = 8192,              /* ...and into L2 first, from this far ahead (row_vnni) */
-    GANG = 4,                        /* rows of X whose dot products row_vnni takes slot by slot (below) */
+    GANG = 4,                        /* rows of X whose dot products the VNNI kernels take slot by slot */
+    TILE_ROWS = 4,                   /* rows of W tile_vnni takes at once */
+    TILE_MIN_M = 9,                  /* rows of X from which tile_vnni runs */
 };
 
 /* ---- W repacked (the header) ---------------------------------------------------------------- */
@@ -354,15 +357,24 @@ AVX2 static void rows_avx2(const void *x, int64_t mb, const uint8_t *W, int64_t 
  * the AVX2 lane's two FMAs, so lane l accumulates sub-block l of a slice's even super-blocks
  * and lane 8 + l its odd ones; the 16 lanes are summed at the row's end (halves, then sum8):
  * other bits than AVX2's, the same for every thread count and M. 32 registers hold the 8
- * slots and up to 16 rows' accumulators. The integer dot products go GANG rows at a time, slot
- * by slot across the rows, so that consecutive vpdpbusd do not wait on one another (four
- * chains in flight; one row's two chains, even and odd slots, before): the same integers, the
- * same bits. On a Zen 4, one thread, W 4096 x 4096 in cache, medians of 21 interleaved rounds
- * against the two chains: M = 4 1.05x faster, M = 1, 8 and 16 1.02-1.03x (15 rounds: M = 128
- * 1.03x, 512 1.01x). From M = 16 on each vpdpbusd, a 64-byte load of X each, takes about
- * 0.52 ns; taking the float work away altogether (timing only) made it 1.14x faster, which
- * bounds what a cheaper float step could buy; 8 rows a gang, or gangs taking every pair of a
- * slice, were no faster. */
+ * slots and up to 16 rows' accumulators.
+ *
+ * Up to 8 rows of X (decode), row_vnni takes a row of W at a time, its 8 slots in registers,
+ * and each vpdpbusd loads its 64 bytes of X. Its dot products go GANG rows of X at a time,
+ * slot by slot across them, so that consecutive vpdpbusd do not wait on one another (four
+ * chains in flight; each row's two chains, even and odd slots, before): the same integers, the
+ * same bits; on a Zen 4, one thread, W 4096 x 4096 in cache, medians of 21 interleaved rounds,
+ * M = 4 1.05x faster, M = 1, 8 and 16 1.02-1.03x.
+ *
+ * From 9 rows (prefill), the loads of X set the pace: about 0.52 ns a vpdpbusd there, where
+ * the instruction alone can issue one a cycle (0.27 ns), and taking the float work away
+ * (timing only) left 0.48 ns. So tile_vnni takes TILE_ROWS = 4 rows of W at once: their slots
+ * unpacked once a pair into a buffer on the stack, then for each gang of 4 rows of X and each
+ * slot, 4 loads of W and 4 of X feed 16 vpdpbusd (half a load each), into 16 accumulators;
+ * the float lanes wait in `partial` between pairs. Each lane's float sequence is row_vnni's:
+ * the same bits. Zen 4, one thread, against row_vnni's gangs, medians of 15 interleaved
+ * rounds: M = 12 to 512 1.05-1.09x faster (M = 8 0.99x, 9 1.03x); about 0.49 ns a vpdpbusd,
+ * 0.39 without the float work. */
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 
 VNNI INLINE float sum16(__m512 v) {
@@ -446,6 +458,84 @@ VNNI INLINE void row_vnni(const int mb, const struct q4k_x2 *x, const uint8_t *w
         for (int i = 0; i < mb; ++i) y[i * ldy] = sum16(acc[i]);
 }
 
+/* R rows of W's slice (row r at w + r * in_slice * SUPER_BYTES, its lanes at partial + r * mb *
+ * 16, its sums to y + r) for mb rows of X: each load of X's slot feeds R vpdpbusd. The inline
+ * asm keeps the compiler from folding X's load into each vpdpbusd (R loads, not one) and from
+ * holding W's slots across gangs (they spilled, and were copied from stack to stack). */
+VNNI INLINE void tile_vnni(const int R, const int mb, const struct q4k_x2 *x, const uint8_t *w, int64_t in_slice,
+                           int first, int last, float *partial, float *y, int64_t ldy) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const int64_t row_bytes = in_slice * SUPER_BYTES, pairs = (in_slice + 1) / 2;
+    _Alignas(64) __m512i slots[TILE_ROWS][8];
+    __m512 dsc[TILE_ROWS], dminm[TILE_ROWS];
+    for (int64_t p = 0; p < pairs; ++p) {
+        const int64_t u = 2 * p;
+        const int pair = u + 1 < in_slice; /* else u is K's last super-block, and lanes 8..15 stay zero */
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *wr = w + r * row_bytes, *quants = wr + u * QUANT_BYTES;
+            const uint8_t *headers = wr + in_slice * QUANT_BYTES + u * HEADER_BYTES;
+            for (int line = 0; line < 6; ++line) {
+                const int64_t offset = SUPER_BYTES * (u + line / 3) + 64 * (line % 3);
+                _mm_prefetch((const char *)(wr + PREFETCH + offset), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wr + PREFETCH_L2 + offset), _MM_HINT_T1);
+            }
+            for (int v = 0; v < 4; ++v) {
+                const __m256i next = pair ? _mm256_loadu_si256((const __m256i *)(quants + QUANT_BYTES + 32 * v))
+                                          : _mm256_setzero_si256();
+                const __m512i raw = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(quants + 32 * v))), next, 1);
+                slots[r][v] = _mm512_and_si512(raw, low);
+                slots[r][v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+            }
+            __m256 dsc0, dminm0, dsc1 = _mm256_setzero_ps(), dminm1 = _mm256_setzero_ps();
+            scales_avx2(headers, &dsc0, &dminm0);
+            if (pair) scales_avx2(headers + HEADER_BYTES, &dsc1, &dminm1);
+            dsc[r] = join_ps(dsc0, dsc1);
+            dminm[r] = join_ps(dminm0, dminm1);
+        }
+        const struct q4k_x2 *pair_x = x + p * mb; /* the pair's mb entries */
+        const int start = first && p == 0, end = last && p == pairs - 1;
+#pragma GCC unroll 16
+        for (int g = 0; g < mb; g += GANG) {
+            const int gang = mb - g < GANG ? mb - g : GANG;
+            __m512i dot[TILE_ROWS][GANG];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+                for (int i = 0; i < gang; ++i) dot[r][i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int s = 0; s < 8; ++s) {
+                __m512i wv[TILE_ROWS];
+#pragma GCC unroll 4
+                for (int r = 0; r < R; ++r) /* loaded here, for each gang: kept, they would spill */
+                    __asm__ volatile("vmovdqa64 %1, %0" : "=v"(wv[r]) : "m"(slots[r][s]));
+#pragma GCC unroll 4
+                for (int i = 0; i < gang; ++i) {
+                    __m512i xv = _mm512_load_si512((const void *)(pair_x[g + i].q + 64 * s));
+                    __asm__("" : "+v"(xv)); /* in a register, loaded once for the R vpdpbusd */
+#pragma GCC unroll 4
+                    for (int r = 0; r < R; ++r) dot[r][i] = _mm512_dpbusd_epi32(dot[r][i], wv[r], xv);
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+                for (int i = 0; i < gang; ++i) {
+                    const struct q4k_x2 *entry = pair_x + g + i;
+                    float *at = partial + 16 * (r * mb + g + i);
+                    __m512 acc = start ? _mm512_setzero_ps() : _mm512_load_ps(at);
+                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][i]),
+                                          _mm512_mul_ps(dsc[r], _mm512_load_ps(entry->d)), acc);
+                    acc = _mm512_fnmadd_ps(dminm[r], _mm512_load_ps(entry->sum), acc);
+                    if (end)
+                        y[(g + i) * ldy + r] = sum16(acc);
+                    else
+                        _mm512_store_ps(at, acc);
+                }
+        }
+    }
+}
+
 VNNI INLINE void blocks_vnni(const int mb, const struct q4k_x2 *x, const uint8_t *W, int64_t N, int64_t K, float *Y,
                              int64_t ldy, int64_t b0, int64_t b1) {
     _Alignas(64) float partial[BLOCK_ROWS * ROWS * 16]; /* each row's lanes between slices */
@@ -455,15 +545,24 @@ VNNI INLINE void blocks_vnni(const int mb, const struct q4k_x2 *x, const uint8_t
         for (int64_t g0 = 0; g0 < supers; g0 += SLICE) { /* SLICE is even: a slice's pairs are K's */
             const int64_t in_slice = min_i64(SLICE, supers - g0);
             const uint8_t *at = W + slice_offset(N, supers, j0, g0);
-            for (int64_t r = 0; r < rows; ++r)
-                row_vnni(mb, x + g0 / 2 * mb, at + r * in_slice * SUPER_BYTES, in_slice, g0 == 0,
-                         g0 + in_slice == supers, partial + r * mb * 16, Y + j0 + r, ldy);
+            const int first = g0 == 0, last = g0 + in_slice == supers;
+            int64_t r = 0;
+            if (mb >= TILE_MIN_M)
+                for (; r + TILE_ROWS <= rows; r += TILE_ROWS)
+                    tile_vnni(TILE_ROWS, mb, x + g0 / 2 * mb, at + r * in_slice * SUPER_BYTES, in_slice, first, last,
+                              partial + r * mb * 16, Y + j0 + r, ldy);
+            for (; r < rows; ++r)
+                row_vnni(mb, x + g0 / 2 * mb, at + r * in_slice * SUPER_BYTES, in_slice, first, last,
+                         partial + r * mb * 16, Y + j0 + r, ldy);
         }
     }
 }
 
-VNNI static void rows_vnni(const void *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y, int64_t ldy,
-                           int64_t b0, int64_t b1) {
+/* The rows that take a row of W at a time and those that take tiles, in two functions: one
+ * would keep tile_vnni's slots in the stack frame of every M, where they moved `partial` and
+ * made M = 4 take 1.2x as long. */
+VNNI __attribute__((noinline)) static void rows_vnni_by_row(const void *x, int64_t mb, const uint8_t *W, int64_t N,
+                                                            int64_t K, float *Y, int64_t ldy, int64_t b0, int64_t b1) {
     switch (mb) {
     case 1: blocks_vnni(1, x, W, N, K, Y, ldy, b0, b1); break;
     case 2: blocks_vnni(2, x, W, N, K, Y, ldy, b0, b1); break;
@@ -473,6 +572,13 @@ VNNI static void rows_vnni(const void *x, int64_t mb, const uint8_t *W, int64_t 
     case 6: blocks_vnni(6, x, W, N, K, Y, ldy, b0, b1); break;
     case 7: blocks_vnni(7, x, W, N, K, Y, ldy, b0, b1); break;
     case 8: blocks_vnni(8, x, W, N, K, Y, ldy, b0, b1); break;
+    default: break; /* rows_vnni passes 1 .. TILE_MIN_M - 1 */
+    }
+}
+
+VNNI __attribute__((noinline)) static void rows_vnni_by_tile(const void *x, int64_t mb, const uint8_t *W, int64_t N,
+                                                             int64_t K, float *Y, int64_t ldy, int64_t b0, int64_t b1) {
+    switch (mb) {
     case 9: blocks_vnni(9, x, W, N, K, Y, ldy, b0, b1); break;
     case 10: blocks_vnni(10, x, W, N, K, Y, ldy, b0, b1); break;
     case 11: blocks_vnni(11, x, W, N, K, Y, ldy, b0, b1); break;
@@ -481,8 +587,16 @@ VNNI static void rows_vnni(const void *x, int64_t mb, const uint8_t *W, int64_t 
     case 14: blocks_vnni(14, x, W, N, K, Y, ldy, b0, b1); break;
     case 15: blocks_vnni(15, x, W, N, K, Y, ldy, b0, b1); break;
     case 16: blocks_vnni(16, x, W, N, K, Y, ldy, b0, b1); break;
-    default: break;
+    default: break; /* rows_vnni passes TILE_MIN_M .. ROWS */
     }
+}
+
+VNNI static void rows_vnni(const void *x, int64_t mb, const uint8_t *W, int64_t N, int64_t K, float *Y, int64_t ldy,
+                           int64_t b0, int64_t b1) {
+    if (mb < TILE_MIN_M)
+        rows_vnni_by_row(x, mb, W, N, K, Y, ldy, b0, b1);
+    else
+        rows_vnni_by_tile(x, mb, W, N, K, Y, ldy, b0, b1);
 }
 #endif
 
