@@ -458,10 +458,50 @@ VNNI INLINE void row_vnni(const int mb, const struct q4k_x2 *x, const uint8_t *w
         for (int i = 0; i < mb; ++i) y[i * ldy] = sum16(acc[i]);
 }
 
+/* tile_vnni's gang: `gang` rows of X (x: their entries of the pair) times the R rows of W whose
+ * slots are in slots, each load of X's slot feeding R vpdpbusd, into their lanes (row r's, X's
+ * row i at lanes + 16 * (r * mb + i)) or, at K's last pair, their sums (y[i * ldy + r]). The
+ * inline asm keeps the compiler from folding X's load into each vpdpbusd (R loads, not one)
+ * and from holding W's slots across gangs (they spilled, copied from stack to stack). */
+VNNI INLINE void gang_vnni(const int R, const int gang, const struct q4k_x2 *x, const __m512i slots[][8],
+                           const __m512 *dsc, const __m512 *dminm, int start, int end, float *lanes, int64_t mb,
+                           float *y, int64_t ldy) {
+    __m512i dot[TILE_ROWS][GANG];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int i = 0; i < gang; ++i) dot[r][i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+        __m512i wv[TILE_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) __asm__ volatile("vmovdqa64 %1, %0" : "=v"(wv[r]) : "m"(slots[r][s]));
+#pragma GCC unroll 4
+        for (int i = 0; i < gang; ++i) {
+            __m512i xv = _mm512_load_si512((const void *)(x[i].q + 64 * s));
+            __asm__("" : "+v"(xv));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) dot[r][i] = _mm512_dpbusd_epi32(dot[r][i], wv[r], xv);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int i = 0; i < gang; ++i) {
+            float *at = lanes + 16 * (r * mb + i);
+            __m512 acc = start ? _mm512_setzero_ps() : _mm512_load_ps(at);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][i]), _mm512_mul_ps(dsc[r], _mm512_load_ps(x[i].d)), acc);
+            acc = _mm512_fnmadd_ps(dminm[r], _mm512_load_ps(x[i].sum), acc);
+            if (end)
+                y[i * ldy + r] = sum16(acc);
+            else
+                _mm512_store_ps(at, acc);
+        }
+}
+
 /* R rows of W's slice (row r at w + r * in_slice * SUPER_BYTES, its lanes at partial + r * mb *
- * 16, its sums to y + r) for mb rows of X: each load of X's slot feeds R vpdpbusd. The inline
- * asm keeps the compiler from folding X's load into each vpdpbusd (R loads, not one) and from
- * holding W's slots across gangs (they spilled, and were copied from stack to stack). */
+ * 16, its sums to y + r) for mb rows of X, pair by pair: the R rows' slots unpacked onto the
+ * stack, then gang_vnni for each GANG rows of X. */
 VNNI INLINE void tile_vnni(const int R, const int mb, const struct q4k_x2 *x, const uint8_t *w, int64_t in_slice,
                            int first, int last, float *partial, float *y, int64_t ldy) {
     const __m512i low = _mm512_set1_epi8(0x0f);
@@ -495,44 +535,12 @@ VNNI INLINE void tile_vnni(const int R, const int mb, const struct q4k_x2 *x, co
         }
         const struct q4k_x2 *pair_x = x + p * mb; /* the pair's mb entries */
         const int start = first && p == 0, end = last && p == pairs - 1;
-#pragma GCC unroll 16
-        for (int g = 0; g < mb; g += GANG) {
-            const int gang = mb - g < GANG ? mb - g : GANG;
-            __m512i dot[TILE_ROWS][GANG];
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-                for (int i = 0; i < gang; ++i) dot[r][i] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int s = 0; s < 8; ++s) {
-                __m512i wv[TILE_ROWS];
-#pragma GCC unroll 4
-                for (int r = 0; r < R; ++r) /* loaded here, for each gang: kept, they would spill */
-                    __asm__ volatile("vmovdqa64 %1, %0" : "=v"(wv[r]) : "m"(slots[r][s]));
-#pragma GCC unroll 4
-                for (int i = 0; i < gang; ++i) {
-                    __m512i xv = _mm512_load_si512((const void *)(pair_x[g + i].q + 64 * s));
-                    __asm__("" : "+v"(xv)); /* in a register, loaded once for the R vpdpbusd */
-#pragma GCC unroll 4
-                    for (int r = 0; r < R; ++r) dot[r][i] = _mm512_dpbusd_epi32(dot[r][i], wv[r], xv);
-                }
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-                for (int i = 0; i < gang; ++i) {
-                    const struct q4k_x2 *entry = pair_x + g + i;
-                    float *at = partial + 16 * (r * mb + g + i);
-                    __m512 acc = start ? _mm512_setzero_ps() : _mm512_load_ps(at);
-                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][i]),
-                                          _mm512_mul_ps(dsc[r], _mm512_load_ps(entry->d)), acc);
-                    acc = _mm512_fnmadd_ps(dminm[r], _mm512_load_ps(entry->sum), acc);
-                    if (end)
-                        y[(g + i) * ldy + r] = sum16(acc);
-                    else
-                        _mm512_store_ps(at, acc);
-                }
-        }
+        int g = 0;
+#pragma GCC unroll 1
+        for (; g + GANG <= mb; g += GANG) /* a loop, not unrolled: unrolled, decode_int8.c's gangs spilled */
+            gang_vnni(R, GANG, pair_x + g, slots, dsc, dminm, start, end, partial + 16 * g, mb, y + g * ldy, ldy);
+        if (mb % GANG)
+            gang_vnni(R, mb % GANG, pair_x + g, slots, dsc, dminm, start, end, partial + 16 * g, mb, y + g * ldy, ldy);
     }
 }
 

@@ -483,11 +483,12 @@ def test_c_decode_int8_pack_refuses_bad_shapes_by_code():
 @pytest.mark.parametrize("variant", _int8_variants())
 def test_c_decode_int8_gives_each_row_of_x_the_same_bits_whatever_m(variant, fmt):
     # 100 rows of W are 4 blocks of 32, and 40 rows of X three passes: past one pass each block
-    # runs every pass before the next block (prefill), which must not change a bit either
+    # runs every pass before the next block (prefill), which must not change a bit either; from
+    # 9 rows the VNNI kernel takes four rows of W and of X at once (10, 13: a short last gang)
     w = quant.quantize(_weights(100, 4128, seed=3), fmt)
     x = _activations(40, 4128, seed=4)
     batch = _run_int8(x, w, variant=variant, threads=2)
-    for m in (1, 5, 16, 17, 33):
+    for m in (1, 5, 8, 9, 10, 13, 16, 17, 33):
         np.testing.assert_array_equal(_run_int8(x[:m], w, variant=variant, threads=1), batch[:m], err_msg=f"M = {m}")
     np.testing.assert_array_equal(_run_int8(x[9:10], w, variant=variant), batch[9:10])
 
