@@ -741,8 +741,8 @@ AVX2 static void rows_avx2(int format, const struct x_group *x, int64_t mb, cons
 
 /* AVX-512 has 32 registers: up to 16 accumulators beside a row's 8 slots, then one row of W at
  * a time (two rows at M = 5..8 would need about all 32); from 9 rows of X, tile_gang_vnni. Two
- * functions, each its own stack frame: tile_gang_vnni's buffer in the frame of every M had
- * made M = 4 of q4_K take 1.2x as long (decode_int8_q4k.c). */
+ * functions, each with its own stack frame, as in decode_int8_q4k.c (where one function for
+ * both made M = 4 take 1.2x as long). */
 VNNI __attribute__((noinline)) static void rows_vnni_by_row(const int format, const struct x_group *x, int64_t mb,
                                                             const uint8_t *W, int64_t N, int64_t K, float *Y,
                                                             int64_t ldy, int64_t b0, int64_t b1) {
