@@ -72,6 +72,8 @@
 
 #if DECODE_HAVE_X86
 #include <immintrin.h>
+
+#include "gang_vnni.h"
 #endif
 
 enum {
@@ -85,7 +87,6 @@ enum {
     PREFETCH = 4096,    /* bytes ahead in W's stream (tile_avx2; tile_vnni at M = 2..4) */
     PREFETCH_L1 = 2048, /* tile_vnni's two steps (read_ahead_vnni): into L1 from this far ahead, */
     PREFETCH_L2 = 8192, /* into L2 from this far */
-    GANG = 4,           /* rows of X tile_gang_vnni takes slot by slot */
     TILE_MIN_M = 9,     /* rows of X from which tile_gang_vnni runs */
 };
 
@@ -510,11 +511,11 @@ VNNI INLINE void tile_vnni(const int format, const int R, const int mb, const st
             for (int i = 0; i < mb; ++i) Y[i * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r * mb + i]);
 }
 
-/* tile_gang_vnni's gang: `gang` rows of X (x) times the R rows of W whose slots are in slots,
- * R loads of W and `gang` of X a slot feeding R x gang vpdpbusd, into their lanes (row r's,
- * X's row i at lanes + 16 * (r * mb + i)) or, at the last group, their sums (y[i * ldy + r]).
- * The inline asm keeps the compiler from folding X's load into each vpdpbusd (R loads, not
- * one) and from holding W's slots across gangs (they spilled). */
+_Static_assert(TILE <= GANG_W_ROWS, "tile_gang_vnni takes a tile's rows of W at once (gang_vnni.h)");
+
+/* tile_gang_vnni's gang: `gang` rows of X (x) times the R rows of W whose slots are in slots
+ * (gang_vnni.h), into their lanes (row r's, X's row i at lanes + 16 * (r * mb + i)) or, at
+ * the last group, their sums (y[i * ldy + r]). */
 VNNI INLINE void gang_vnni(const int format, const int R, const int gang, const struct x_group *x,
                            const __m512i slots[][SLOTS], const __m512i *from, const __m512 *dw, int start, int end,
                            float *lanes, int64_t mb, float *y, int64_t ldy) {
@@ -523,21 +524,7 @@ VNNI INLINE void gang_vnni(const int format, const int R, const int gang, const 
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
         for (int i = 0; i < gang; ++i) dot[r][i] = format == DECODE_Q4_0 ? _mm512_load_si512(x[i].offset) : from[r];
-#pragma GCC unroll 8
-    for (int s = 0; s < SLOTS; ++s) {
-        __m512i wv[TILE];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) __asm__ volatile("vmovdqa64 %1, %0" : "=v"(wv[r]) : "m"(slots[r][s]));
-#pragma GCC unroll 4
-        for (int i = 0; i < gang; ++i) {
-            __m512i xv = _mm512_load_si512(x[i].q + 64 * s);
-            __asm__("" : "+v"(xv));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r)
-                dot[r][i] = format == DECODE_Q4_0 ? _mm512_dpbusd_epi32(dot[r][i], wv[r], xv)  /* nibbles, x */
-                                                  : _mm512_dpbusd_epi32(dot[r][i], xv, wv[r]); /* x + 128, w */
-        }
-    }
+    gang_dots_vnni(R, gang, x->q, sizeof *x, slots, format == DECODE_Q8_0, dot);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
@@ -739,6 +726,15 @@ AVX2 static void rows_avx2(int format, const struct x_group *x, int64_t mb, cons
         rows_avx2_format(DECODE_Q8_0, x, mb, W, N, K, Y, ldy, b0, b1);
 }
 
+/* TILES with the format a constant in each branch, so that each kernel compiles for one format. */
+#define BY_FORMAT(KERNEL, R, MB)                                                                                       \
+    do {                                                                                                               \
+        if (format == DECODE_Q4_0)                                                                                     \
+            TILES(KERNEL, DECODE_Q4_0, R, MB);                                                                         \
+        else                                                                                                           \
+            TILES(KERNEL, DECODE_Q8_0, R, MB);                                                                         \
+    } while (0)
+
 /* AVX-512 has 32 registers: up to 16 accumulators beside a row's 8 slots, then one row of W at
  * a time (two rows at M = 5..8 would need about all 32); from 9 rows of X, tile_gang_vnni. Two
  * functions, each with its own stack frame, as in decode_int8_q4k.c (where one function for
@@ -748,13 +744,6 @@ VNNI __attribute__((noinline)) static void rows_vnni_by_row(const int format, co
                                                             int64_t ldy, int64_t b0, int64_t b1) {
     /* each row's accumulators between slices of K (TILES), for a block of tiles */
     _Alignas(64) float partial[BLOCK_TILES * TILE * ROWS * 16];
-#define BY_FORMAT(KERNEL, R, MB)                                                                                       \
-    do {                                                                                                               \
-        if (format == DECODE_Q4_0)                                                                                     \
-            TILES(KERNEL, DECODE_Q4_0, R, MB);                                                                         \
-        else                                                                                                           \
-            TILES(KERNEL, DECODE_Q8_0, R, MB);                                                                         \
-    } while (0)
     switch (mb) {
     case 1: BY_FORMAT(tile_vnni, 4, 1); break;
     case 2: BY_FORMAT(tile_vnni, 4, 2); break;

@@ -61,6 +61,8 @@
 
 #if DECODE_HAVE_X86
 #include <immintrin.h>
+
+#include "gang_vnni.h"
 #endif
 
 enum {
@@ -75,8 +77,7 @@ enum {
     SLICE = 4,                       /* super-blocks per slice of K */
     PREFETCH = 2048,                 /* bytes ahead in W's stream (row_avx2, row_vnni) */
     PREFETCH_L2 = 8192,              /* ...and into L2 first, from this far ahead (row_vnni) */
-    GANG = 4,                        /* rows of X whose dot products the VNNI kernels take slot by slot */
-    TILE_ROWS = 4,                   /* rows of W tile_vnni takes at once */
+    TILE_ROWS = GANG_W_ROWS,         /* rows of W tile_vnni takes at once (gang_vnni.h) */
     TILE_MIN_M = 9,                  /* rows of X from which tile_vnni runs */
 };
 
@@ -459,10 +460,8 @@ VNNI INLINE void row_vnni(const int mb, const struct q4k_x2 *x, const uint8_t *w
 }
 
 /* tile_vnni's gang: `gang` rows of X (x: their entries of the pair) times the R rows of W whose
- * slots are in slots, each load of X's slot feeding R vpdpbusd, into their lanes (row r's, X's
- * row i at lanes + 16 * (r * mb + i)) or, at K's last pair, their sums (y[i * ldy + r]). The
- * inline asm keeps the compiler from folding X's load into each vpdpbusd (R loads, not one)
- * and from holding W's slots across gangs (they spilled, copied from stack to stack). */
+ * slots are in slots (gang_vnni.h), into their lanes (row r's, X's row i at lanes + 16 * (r *
+ * mb + i)) or, at K's last pair, their sums (y[i * ldy + r]). */
 VNNI INLINE void gang_vnni(const int R, const int gang, const struct q4k_x2 *x, const __m512i slots[][8],
                            const __m512 *dsc, const __m512 *dminm, int start, int end, float *lanes, int64_t mb,
                            float *y, int64_t ldy) {
@@ -471,19 +470,7 @@ VNNI INLINE void gang_vnni(const int R, const int gang, const struct q4k_x2 *x, 
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
         for (int i = 0; i < gang; ++i) dot[r][i] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-    for (int s = 0; s < 8; ++s) {
-        __m512i wv[TILE_ROWS];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) __asm__ volatile("vmovdqa64 %1, %0" : "=v"(wv[r]) : "m"(slots[r][s]));
-#pragma GCC unroll 4
-        for (int i = 0; i < gang; ++i) {
-            __m512i xv = _mm512_load_si512((const void *)(x[i].q + 64 * s));
-            __asm__("" : "+v"(xv));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) dot[r][i] = _mm512_dpbusd_epi32(dot[r][i], wv[r], xv);
-        }
-    }
+    gang_dots_vnni(R, gang, (const uint8_t *)x->q, sizeof *x, slots, 0, dot);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
