@@ -196,9 +196,11 @@ def benchmark_summary(benchmarks) -> list[str]:
     lines = [
         "",
         "matmul summary: the median of each benchmark, GFLOP/s = 2*M*N*K / median,",
-        "% of one core's measured FMA roof ('?' where a kernel beat it: the roof was measured low);",
-        "decode groups: GB/s of the bytes read (packed weights, X, Y), % of one core's memory roof",
+        "% of one core's measured FMA roof ('?' where a kernel beat it: the roof was",
+        "measured low); decode groups: GB/s of the bytes read (packed weights, X, Y),",
+        "% of one core's memory roof",
     ]
+    blocks = []  # (group, rate's name, roof's name, rows)
     for group in sorted(groups, key=_group_key):
         cases = groups[group]
         baseline = {}
@@ -206,12 +208,10 @@ def benchmark_summary(benchmarks) -> list[str]:
             impl = harness.lookup(bench.extra_info["implementation"])
             if impl.baseline:
                 baseline[impl.device] = bench.stats.median
-        lines.append("")
-        lines.append(f"{group}:")
         decode = any("weights" in bench.extra_info for bench in cases)
         # decode: GB/s of the bytes read, against the one-thread memory roof; else % of the FMA roof
         rate, roof = ("GB/s", "% mem") if decode else ("GFLOP/s", "% peak")
-        lines.append(f"  {'implementation':<24} {'median':>10} {rate:>10} {roof:>7} {'vs base':>9}")
+        rows = []
         for bench in sorted(cases, key=lambda b: b.stats.median, reverse=True):
             impl = harness.lookup(bench.extra_info["implementation"])
             median = bench.stats.median
@@ -227,7 +227,13 @@ def benchmark_summary(benchmarks) -> list[str]:
             share = f"{100 * value / peak:.0f}%" + ("?" if value > peak else "") if peak else ""
             base = baseline.get(impl.device)
             speed = ratio_text(base / median) if base else ""
-            lines.append(f"  {label:<24} {format_time(median):>10} {value:>10.3g} {share:>7} {speed:>9}")
+            rows.append((label, format_time(median), f"{value:.3g}", share, speed))
+        blocks.append((group, rate, roof, rows))
+    # the names' column as wide as the longest ("llama.cpp.mul_mat_plain (q4_K)"), in every block
+    width = max([len("implementation")] + [len(row[0]) for *_, rows in blocks for row in rows])
+    for group, rate, roof, rows in blocks:
+        lines += ["", f"{group}:", f"  {'implementation':<{width}} {'median':>10} {rate:>10} {roof:>7} {'vs base':>9}"]
+        lines += [f"  {label:<{width}} {t:>10} {v:>10} {share:>7} {speed:>9}" for label, t, v, share, speed in rows]
     return lines
 
 

@@ -331,7 +331,47 @@ def test_benchmark_groups_and_summary_are_in_numeric_order():
     assert headings == ["128x128x128 float32:", "1024x1024x1024 float32:"]
     packed = next(line for line in lines if "c.packed" in line and "20.0 ms" in line)
     assert "107" in packed and "0.95x" in packed  # GFLOP/s and speed against numpy.matmul
-    assert max(len(line) for line in lines) <= 100
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_benchmark_summary_columns_line_up_past_long_names(monkeypatch):
+    """A decode group's names ("llama.cpp.mul_mat_plain (q4_K)") are longer than the float
+    ones: every row's median still starts where the heading's does."""
+    from types import SimpleNamespace
+
+    from conftest import benchmark_summary
+
+    from harness.run import machine
+
+    monkeypatch.setattr(machine, "memory_roof_gbps", lambda threads=1: 40.0)
+
+    def bench(name, weights, median):
+        return SimpleNamespace(
+            group="1x4096x4096 float32",
+            stats=SimpleNamespace(median=median),
+            extra_info={
+                "implementation": name,
+                "weights": weights,
+                "dtype": "float32",
+                "flops": 2 * 4096**2,
+                "bytes": 4096 * 4096 * 34 // 32,
+            },
+        )
+
+    lines = benchmark_summary(
+        [
+            bench("numpy.matmul", "float32", 4e-3),
+            bench("llama.cpp.mul_mat_plain", "q4_K", 2.5e-3),
+            bench("c.decode_int8", "q8_0", 1.3e-3),
+        ]
+    )
+    block = lines[lines.index("1x4096x4096 float32:") + 1 :]
+    assert block[0].startswith("  implementation ") and len(block) == 4
+    column = block[0].index("    median")  # the heading's median, right-aligned in 10
+    for row in block[1:]:
+        assert row[column - 1] == " " and row[column : column + 10].strip().endswith("ms"), row
+    assert "llama.cpp.mul_mat_plain (q4_K)" in block[2] and block[2].endswith("1.60x")
+    assert max(len(line) for line in lines) <= 80
 
 
 def test_ratios_far_below_one_still_say_something():
