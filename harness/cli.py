@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 from subprocess import CalledProcessError
 
@@ -21,6 +23,7 @@ from harness.model.errors import MatmulInputError, UnavailableError
 from harness.model.inputs import parse_shape, shape_argument
 from harness.model.registry import describe
 from harness.run.compare import compare
+from harness.run.render import short_dtype
 from harness.tooling import ab
 from harness.tooling.headline import write
 from harness.tooling.report import write_report
@@ -100,30 +103,34 @@ def implementation_table(markdown: bool = False) -> str:
                 f"{impl.summary}{op} |"
             )
         return "\n".join(lines) + "\n"
-    import io
+    # a line per implementation, then whether it runs here, wrapped to the terminal (80 columns
+    # hold the first line; a table with the reasons in a column was 200 wide)
+    width = shutil.get_terminal_size((100, 24)).columns
+    rows = [
+        (impl.name, impl.device, impl.operation, ", ".join(short_dtype(d) for d in impl.dtypes), impl.source or "")
+        for impl in impls
+    ]
+    widths = [max(len(row[c]) for row in rows + [_LIST_HEADINGS]) for c in range(len(_LIST_HEADINGS) - 1)]
 
-    from rich.console import Console
-    from rich.table import Table
+    def line(cells):
+        return "  ".join(f"{cell:<{w}}" for cell, w in zip(cells, widths)) + "  " + cells[-1]
 
-    table = Table(title="implementations (reading order)", title_justify="left")
-    for header in ("implementation", "language", "device", "op", "dtypes", "source", "available"):
-        table.add_column(header)
-    for impl in impls:
+    lines = ["implementations, in reading order (f32 = float32, bf16 = bfloat16, ...):", "", line(_LIST_HEADINGS)]
+    for impl, row in zip(impls, rows):
         reason = impl.unavailable_reason()
         if reason is None:
             mode = run_mode(impl)
             available = "yes" if mode == "native" else f"yes, {mode} on the CPU (checked, not timed)"
-
             detail = describe(impl)
             available += f": {detail}" if detail else ""
         else:
             available = f"no: {reason}"
-        table.add_row(
-            impl.name, impl.language, impl.device, impl.operation, ", ".join(impl.dtypes), impl.source or "", available
-        )
-    console = Console(file=io.StringIO(), width=200, color_system=None)
-    console.print(table)
-    return console.file.getvalue()
+        lines.append(line(row).rstrip())
+        lines += textwrap.wrap(available, max(width - 1, 40), initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(lines) + "\n"
+
+
+_LIST_HEADINGS = ("implementation", "device", "op", "dtypes", "source")
 
 
 def _run_experiment(name: str, out: str, options: dict) -> None:
@@ -139,7 +146,7 @@ def _run_experiment(name: str, out: str, options: dict) -> None:
 
 def main(argv=None) -> int:
     parser = _Parser(prog="python -m harness", description="Compare the matmuls of this repository.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     listing = commands.add_parser("list", help="list every implementation and whether it can run here")
     listing.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
@@ -178,6 +185,8 @@ def main(argv=None) -> int:
         nargs="+",
         default=["float32"],
         choices=["float32", "float64", "float16", "bfloat16"],
+        metavar="DTYPE",
+        help="float32 (default), float64, float16, bfloat16",
     )
     comparing.add_argument(
         "--weights",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,11 +21,41 @@ def run_cli(*args, cwd=ROOT):
 
 
 def test_list_shows_every_implementation_and_availability():
-    done = run_cli("list")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "list"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=os.environ | {"COLUMNS": "80"},
+    )
     assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80  # an 80-column terminal, reasons wrapped
     for impl in harness.implementations():
-        assert impl.name in done.stdout
-    assert "yes" in done.stdout
+        first = next(i for i, line in enumerate(lines) if line.split()[:1] == [impl.name])
+        assert impl.device in lines[first].split()
+        assert lines[first + 1].lstrip().startswith(("yes", "no: ")), lines[first + 1]  # whether it runs here
+    assert any(line.strip() == "yes" for line in lines)
+
+
+def test_every_commands_help_fits_an_80_column_terminal(monkeypatch, capsys):
+    from harness.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")  # what argparse wraps to
+
+    def help_of(*command):
+        with pytest.raises(SystemExit) as done:
+            main([*command, "--help"])
+        assert done.value.code == 0
+        return capsys.readouterr().out
+
+    top = help_of()
+    listed = top.split("  COMMAND\n", 1)[1].split("\n\n")[0]  # the commands, one per line, under "COMMAND"
+    commands = [line.split()[0] for line in listed.splitlines() if line.startswith("    ") and line[4] != " "]
+    assert {"list", "compare", "prefill", "blas-grid", "ab", "report"} <= set(commands)
+    for text, command in [(top, "")] + [(help_of(command), command) for command in commands]:
+        wide = [line for line in text.splitlines() if len(line) > 80]
+        assert not wide, (command, wide)
 
 
 def test_list_markdown_matches_the_function():

@@ -86,7 +86,14 @@ def add_arguments(parser) -> None:
         help="shapes, N or MxNxK (default: the grid)",
     )
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="thread counts (default 1 2)")
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "float64"],
+        choices=["float32", "float64"],
+        metavar="DTYPE",
+        help="float32, float64 (default both)",
+    )
     parser.add_argument("--rounds", type=count_at_least(1), default=5, help="interleaved rounds per case (default 5)")
     parser.add_argument(
         "--sample-time",

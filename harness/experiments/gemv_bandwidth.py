@@ -33,7 +33,12 @@ GPU_SHAPES = ("1x8192x8192", "1x16384x16384")
 def add_arguments(parser) -> None:
 
     parser.add_argument(
-        "--cpu-shapes", nargs="+", type=shape_without_zeros, default=list(CPU_SHAPES), help="CPU GEMV shapes, 1xNxK"
+        "--cpu-shapes",
+        nargs="+",
+        type=shape_without_zeros,
+        default=list(CPU_SHAPES),
+        metavar="SHAPE",
+        help="CPU GEMV shapes, 1xNxK",
     )
 
 

@@ -43,7 +43,14 @@ ROUNDS = 3
 def add_arguments(parser) -> None:
     parser.add_argument("--shape", default=SHAPE, type=nk_shape, help="N x K of W")
     parser.add_argument("--batches", nargs="+", type=count_at_least(1), default=list(BATCHES), help="batch sizes M")
-    parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS, help="W's formats")
+    parser.add_argument(
+        "--formats",
+        nargs="+",
+        default=list(FORMATS),
+        choices=FORMATS,
+        metavar="FORMAT",
+        help=f"W's formats: {', '.join(FORMATS)} (default all)",
+    )
     parser.add_argument("--threads", nargs="+", type=count_at_least(1), default=[1, 2], help="thread counts")
     parser.add_argument(
         "--rounds",
