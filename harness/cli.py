@@ -137,11 +137,25 @@ def _run_experiment(name: str, out: str, options: dict) -> None:
     """Say what runs and for how long, run it, then say what it found and where it wrote."""
 
     module = EXPERIMENTS[name]
-    print(f"== {name}: {module.TITLE} ({module.DURATION})", flush=True)
+    width = max(shutil.get_terminal_size((100, 24)).columns, 40)
+
+    def say(text, indent):  # wrapped to the terminal, a long line's rest indented further; names kept whole
+        indent += " " * (len(text) - len(text.lstrip()))
+        lines = textwrap.wrap(
+            text.strip(),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent + "  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        print("\n".join(lines), flush=True)
+
+    say(f"== {name}: {module.TITLE} ({module.DURATION})", "")
     data = module.run(out, **options)
     for line in module.findings(data):
-        print(f"   {line}")
-    print(f"   wrote {out}/{name}.json and {out}/{name}.png", flush=True)
+        say(line, "   ")
+    say(f"wrote {out}/{name}.json and {out}/{name}.png", "   ")
 
 
 def main(argv=None) -> int:

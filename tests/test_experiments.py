@@ -4,6 +4,7 @@ numbers that follow from the definitions; the report gathers them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -90,15 +91,20 @@ def test_report_without_results_says_what_to_run(tmp_path):
 
 
 def test_experiment_command_line(tmp_path):
+    out = tmp_path / "a-folder-whose-name-is-long-enough-to-wrap-the-line-that-names-it"
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "loads", "--size", "32", "--tiles", "4", "8", "--out", str(tmp_path)],
+        [sys.executable, "-m", "harness", "loads", "--size", "32", "--tiles", "4", "8", "--out", str(out)],
         capture_output=True,
         text=True,
+        env=os.environ | {"COLUMNS": "80"},
     )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "loads.json").is_file()
-    done = subprocess.run([sys.executable, "-m", "harness", "report", str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 0 and (tmp_path / "REPORT.md").is_file()
+    assert (out / "loads.json").is_file()
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("== loads: ") and all(len(line) <= 80 for line in lines if " " in line.strip()), lines
+    assert str(out / "loads.json") in done.stdout.split()  # a path too long for the line is kept whole
+    done = subprocess.run([sys.executable, "-m", "harness", "report", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0 and (out / "REPORT.md").is_file()
 
 
 def test_blas_grid_measures_pairs_and_judges_the_targets(tmp_path, monkeypatch):
