@@ -77,10 +77,11 @@ enum { MR = 6, NV = 2, NR = NV * VEC_LANES }; /* the tile: float32 6 x 16, float
 
 /* ---- the packed micro-kernel ----------------------------------------------------------------- */
 
-/* One tile of `rows` x NR. Always inlined into kernel with `rows` a constant, so every loop
- * over the accumulators unrolls fully and the array lives in registers. */
-AVX2 INLINE void tile(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n,
-                      int accumulate) {
+/* One tile of `rows` x NR, of which the first nv vectors' columns are computed. Always inlined
+ * into kernel with `rows` and `nv` constants, so every loop over the accumulators unrolls fully
+ * and the array lives in registers. */
+AVX2 INLINE void tile(const int rows, const int nv, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc,
+                      int64_t n, int accumulate) {
     const real *restrict a = Ap;
     const real *restrict b = Bp;
     real *C = C_;
@@ -96,16 +97,16 @@ AVX2 INLINE void tile(const int rows, int64_t kc, const void *Ap, const void *Bp
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) c[i][v] = vec_zero();
+        for (int v = 0; v < nv; ++v) c[i][v] = vec_zero();
 
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kc; ++p) {
-        const vec b0 = vec_load(b), b1 = vec_load(b + VEC_LANES);
+        const vec b0 = vec_load(b), b1 = nv > 1 ? vec_load(b + VEC_LANES) : vec_zero();
 #pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
             const vec ai = vec_broadcast(a + i);
             c[i][0] = vec_fma(ai, b0, c[i][0]);
-            c[i][1] = vec_fma(ai, b1, c[i][1]);
+            if (nv > 1) c[i][1] = vec_fma(ai, b1, c[i][1]);
         }
         a += MR;
         b += NR;
@@ -130,22 +131,32 @@ AVX2 INLINE void tile(const int rows, int64_t kc, const void *Ap, const void *Bp
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) vec_store(&spilled[i][VEC_LANES * v], c[i][v]);
+        for (int v = 0; v < nv; ++v) vec_store(&spilled[i][VEC_LANES * v], c[i][v]);
     TYPED(packed_store_edge)(&spilled[0][0], NR, C, ldc, rows, n, accumulate);
 }
 
-/* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
- * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
+/* The tiles of one width, one instance per row count, so a tile with m < MR rows (the last rows
+ * of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
+AVX2 INLINE void tile_rows(const int nv, int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m,
+                           int64_t n, int accumulate) {
+    switch (m) {
+    case 6: tile(6, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 5: tile(5, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 4: tile(4, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 3: tile(3, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 2: tile(2, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 1: tile(1, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    }
+}
+
+/* The micro-kernel. An edge sliver of B no wider than one vector (n <= 8 float32 / 4 float64
+ * columns) costs one vector of FMAs a row, not two. */
 AVX2 static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
                         int accumulate) {
-    switch (m) {
-    case 6: tile(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 5: tile(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 4: tile(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 3: tile(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 2: tile(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 1: tile(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    }
+    if (n <= VEC_LANES)
+        tile_rows(1, kc, Ap, Bp, C, ldc, m, n, accumulate);
+    else
+        tile_rows(NV, kc, Ap, Bp, C, ldc, m, n, accumulate);
 }
 
 /* ---- the direct kernel: A and B where they lie ---------------------------------------------- */

@@ -81,21 +81,22 @@ INLINE void fetch_c_line(const char *C, int64_t ldc_bytes, int64_t row_bytes, in
 }
 
 /* One step of the K sum: the tile's accumulators += column p of the A micro-panel
- * (broadcast) x row p of the B sliver (two vectors). */
-AVX512 INLINE void step(const int rows, const real *restrict a, const real *restrict b, vec c[MR][NV]) {
-    const vec b0 = vec_load(b), b1 = vec_load(b + VEC_LANES);
+ * (broadcast) x row p of the B sliver (its first nv vectors). */
+AVX512 INLINE void step(const int rows, const int nv, const real *restrict a, const real *restrict b, vec c[MR][NV]) {
+    const vec b0 = vec_load(b), b1 = nv > 1 ? vec_load(b + VEC_LANES) : vec_zero();
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i) {
         const vec ai = vec_broadcast(a + i);
         c[i][0] = vec_fma(ai, b0, c[i][0]);
-        c[i][1] = vec_fma(ai, b1, c[i][1]);
+        if (nv > 1) c[i][1] = vec_fma(ai, b1, c[i][1]);
     }
 }
 
-/* One tile of `rows` x NR. Always inlined into kernel with `rows` a constant, so every loop
- * over the accumulators unrolls fully and the array lives in registers. */
-AVX512 INLINE void tile(const int rows, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc, int64_t n,
-                        int accumulate) {
+/* One tile of `rows` x NR, of which the first nv vectors' columns are computed. Always inlined
+ * into kernel with `rows` and `nv` constants, so every loop over the accumulators unrolls fully
+ * and the array lives in registers. */
+AVX512 INLINE void tile(const int rows, const int nv, int64_t kc, const void *Ap, const void *Bp, void *C_, int64_t ldc,
+                        int64_t n, int accumulate) {
     const real *restrict a = Ap;
     const real *restrict b = Bp;
     real *C = C_;
@@ -103,16 +104,16 @@ AVX512 INLINE void tile(const int rows, int64_t kc, const void *Ap, const void *
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) c[i][v] = vec_zero();
+        for (int v = 0; v < nv; ++v) c[i][v] = vec_zero();
 
     int64_t p = 0; /* the first steps also fetch the C tile, a line per step (fetch_c_line) */
     const int64_t fetch_steps = C_LINES_PER_ROW * rows < kc ? C_LINES_PER_ROW * rows : kc;
     for (; p < fetch_steps; ++p, a += MR, b += NR) {
         fetch_c_line((const char *)C, ldc * (int64_t)sizeof(real), n * (int64_t)sizeof(real), p);
-        step(rows, a, b, c);
+        step(rows, nv, a, b, c);
     }
 #pragma GCC unroll 4
-    for (; p < kc; ++p, a += MR, b += NR) step(rows, a, b, c);
+    for (; p < kc; ++p, a += MR, b += NR) step(rows, nv, a, b, c);
 
     if (n == NR) {
 #pragma GCC unroll 16
@@ -133,30 +134,40 @@ AVX512 INLINE void tile(const int rows, int64_t kc, const void *Ap, const void *
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) vec_store(&spilled[i][VEC_LANES * v], c[i][v]);
+        for (int v = 0; v < nv; ++v) vec_store(&spilled[i][VEC_LANES * v], c[i][v]);
     TYPED(packed_store_edge)(&spilled[0][0], NR, C, ldc, rows, n, accumulate);
 }
 
-/* The micro-kernel: one instance of the tile per row count, so a tile with m < MR rows (the
- * last rows of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
+/* The tiles of one width, one instance per row count, so a tile with m < MR rows (the last rows
+ * of C, or all of a small-M problem) costs m rows of FMAs, not MR. */
+AVX512 INLINE void tile_rows(const int nv, int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m,
+                             int64_t n, int accumulate) {
+    switch (m) {
+    case 14: tile(14, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 13: tile(13, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 12: tile(12, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 11: tile(11, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 10: tile(10, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 9: tile(9, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 8: tile(8, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 7: tile(7, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 6: tile(6, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 5: tile(5, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 4: tile(4, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 3: tile(3, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 2: tile(2, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    case 1: tile(1, nv, kc, Ap, Bp, C, ldc, n, accumulate); break;
+    }
+}
+
+/* The micro-kernel. An edge sliver of B no wider than one vector (n <= 16 float32 / 8 float64
+ * columns: 1025 = 32 x 32 + 1) costs one vector of FMAs a row, not two. */
 AVX512 static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, int64_t ldc, int64_t m, int64_t n,
                           int accumulate) {
-    switch (m) {
-    case 14: tile(14, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 13: tile(13, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 12: tile(12, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 11: tile(11, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 10: tile(10, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 9: tile(9, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 8: tile(8, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 7: tile(7, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 6: tile(6, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 5: tile(5, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 4: tile(4, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 3: tile(3, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 2: tile(2, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    case 1: tile(1, kc, Ap, Bp, C, ldc, n, accumulate); break;
-    }
+    if (n <= VEC_LANES)
+        tile_rows(1, kc, Ap, Bp, C, ldc, m, n, accumulate);
+    else
+        tile_rows(NV, kc, Ap, Bp, C, ldc, m, n, accumulate);
 }
 
 /* ---- the direct kernel: A and B where they lie ---------------------------------------------- */
