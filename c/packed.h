@@ -44,7 +44,7 @@ enum packed_status {
     PACKED_ERR_VARIANT = 1,  /* unknown variant, or one this CPU (or this build) cannot run */
     PACKED_ERR_MEMORY = 2,   /* the pack buffers could not be allocated */
     PACKED_ERR_ARGUMENT = 3, /* a negative dimension, or an unknown path */
-    PACKED_ERR_PATH = 4,     /* the vector path asked for a shape with neither M = 1 nor N = 1 */
+    PACKED_ERR_PATH = 4,     /* the vector path asked for a shape with neither M = 1 nor N <= 8 */
 };
 
 /* The paths of matmul_packed_path_f32 / _f64 (packed.c, which says which shape takes which):

@@ -20,7 +20,7 @@ _reason = IMPL.unavailable_reason()
 pytestmark = pytest.mark.skipif(_reason is not None, reason=f"c.packed unavailable: {_reason}")
 
 DTYPES = ["float32", "float64"]
-# The paths any shape can take (the vector path needs M = 1 or N = 1; it has its own tests).
+# The paths any shape can take (the vector path needs M = 1 or N <= 8; it has its own tests).
 MATRIX_PATHS = ["direct", "nest"]
 
 
@@ -46,7 +46,8 @@ def test_every_size_up_to_64_in_each_dimension(path, variant, dtype):
     # One dimension sweeps 1..64 while the other two sit at sizes that are not multiples of
     # any register tile (MR is 4, 6 or 14; NR is 4, 8, 16 or 32), so every edge-tile case of
     # every kernel comes up: full tiles plus a ragged last row and column of tiles. "auto"
-    # sends size 1 to the vector paths and the rest to the direct path.
+    # sends size 1 to the vector paths, N = 2..8 of 23 x N x 31 (K >= 32 N does not hold) and
+    # the rest to the direct path.
     mm = harness.get("c.packed", variant=variant, threads=2, path=path)
     for size in range(1, 65):
         for shape in (Shape(size, 37, 29), Shape(23, size, 31), Shape(19, 41, size)):
@@ -256,6 +257,25 @@ def test_dot_products_that_read_a_ahead_give_the_same_bits(dtype):
             np.testing.assert_array_equal(read_ahead, _check(shape, dtype, threads=threads, path=path))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_few_columns_of_b_take_dot_products_with_the_same_bits_on_any_thread_count(dtype):
+    # 2 <= N <= 8 with K >= 32 N: dot products against B's columns (several rows of A at a time,
+    # as many as the registers hold for that N, then the rest one by one), K ragged against
+    # every vector width and M against every group of rows; two threads cut M elsewhere.
+    for n in range(2, 9):
+        shape = Shape(1013, n, 32 * n + 7)
+        dots = _check(shape, dtype, threads=1, path="vector")
+        np.testing.assert_array_equal(dots, _check(shape, dtype, threads=1))  # what auto takes
+        np.testing.assert_array_equal(dots, _check(shape, dtype, threads=2))
+        a, b = harness.make_inputs(shape, dtype)  # each row's sums its own: any 5 rows alone
+        np.testing.assert_array_equal(dots[500:505], harness.get("c.packed", path="vector")(a[500:505], b))
+    # a short K stays with the tiles (the sum of each dot product's lanes would not be repaid)
+    a, b = harness.make_inputs(Shape(64, 8, 255), dtype)
+    auto = harness.get("c.packed", threads=1)(a, b)
+    np.testing.assert_array_equal(auto, harness.get("c.packed", threads=1, path="direct")(a, b))
+    assert harness.check(harness.get("c.packed", path="vector")(a, b), a, b).passed
+
+
 def test_paths_are_chosen_by_shape_and_can_be_forced():
     # With K past KC the loop nest sums K in KC-long pieces and the direct path in one chain,
     # so the two round differently and the bits show which path ran.
@@ -268,7 +288,7 @@ def test_paths_are_chosen_by_shape_and_can_be_forced():
         assert not np.array_equal(by_path["direct"], by_path["nest"])
         np.testing.assert_array_equal(harness.get("c.packed", threads=1)(a, b), by_path[expected])
     for vector_path in ("vector", "vector_read_ahead"):
-        with pytest.raises(harness.MatmulInputError, match="path='vector' needs M = 1 or N = 1"):
+        with pytest.raises(harness.MatmulInputError, match="path='vector' needs M = 1 or N <= 8"):
             harness.get("c.packed", path=vector_path)(a, b)
     with pytest.raises(ValueError, match="unknown path 'packed'"):
         harness.get("c.packed", path="packed")(a, b)

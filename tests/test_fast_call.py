@@ -128,9 +128,9 @@ def test_the_limits_send_big_problems_to_the_python_path():
 
 
 def test_a_kernel_that_fails_raises_through_its_backends_check():
-    # path="vector" is refused by C (status 4) on a shape that is not a GEMV
-    a, b = np.ones((8, 6), np.float32), np.ones((6, 4), np.float32)
-    with pytest.raises(MatmulInputError, match="path='vector' needs M = 1 or N = 1"):
+    # path="vector" is refused by C (status 4) on a shape that is not a GEMV (nor N <= 8)
+    a, b = np.ones((8, 6), np.float32), np.ones((6, 9), np.float32)
+    with pytest.raises(MatmulInputError, match="path='vector' needs M = 1 or N <= 8"):
         harness.get("c.packed", path="vector")(a, b)
     impl = harness.lookup("c.packed")
     call = impl.backend.fast_call(impl, {**impl.options, "path": "vector"}, BIG)

@@ -238,7 +238,7 @@ _PACKED_ERRORS = {
     2: "the pack buffers could not be allocated (out of memory)",
     3: "a dimension is negative",
 }
-_PATH_ERROR = 4  # the vector path asked for a shape with neither M = 1 nor N = 1
+_PATH_ERROR = 4  # the vector path asked for a shape with neither M = 1 nor N <= 8
 
 
 def thread_option(impl, options) -> int:
@@ -315,7 +315,7 @@ def packed_blocking(variant: str = "auto", dtype: str = "float32") -> dict:
 class PackedBackend(CBackend):
     """c.packed: ``matmul_packed_path_<f32|f64>(A, B, C, M, N, K, threads, variant, path)``,
     which returns an error code; the options are checked here so that C is only called with
-    ones it takes (path="vector" on a shape without M = 1 or N = 1 is refused by C, code 4)."""
+    ones it takes (path="vector" on a shape without M = 1 or N <= 8 is refused by C, code 4)."""
 
     def __init__(self):
         super().__init__("packed_path", fastest_gflops=300.0)
@@ -338,7 +338,8 @@ class PackedBackend(CBackend):
     def check_status(self, code) -> None:
         if code == _PATH_ERROR:
             raise MatmulInputError(
-                "c.packed: path='vector' needs M = 1 or N = 1 (a GEMV), as does 'vector_read_ahead'; use path='auto'"
+                "c.packed: path='vector' needs M = 1 or N <= 8 (a GEMV, or dot products against B's few "
+                "columns), as does 'vector_read_ahead'; use path='auto'"
             )
         if code:
             raise RuntimeError(f"c.packed failed (code {code}): {_PACKED_ERRORS.get(code, 'unknown error')}")
