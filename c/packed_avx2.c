@@ -165,27 +165,28 @@ AVX2 static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, int
  * packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
  * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb.
  * A full-width tile uses plain loads and stores; an edge tile (`full` 0) masks the columns
- * past n off in every load and store, so no byte outside the matrices is touched. C = the
+ * past n off in every load and store, so no byte outside the matrices is touched; one no
+ * wider than a vector (`nv` 1) computes that vector alone. C = the
  * tile (never accumulated: the direct path takes K whole). */
-AVX2 INLINE void direct_tile(const int rows, const int full, int64_t k, const real *A, int64_t lda, const real *B,
-                             int64_t ldb, real *C, int64_t ldc, int64_t n) {
+AVX2 INLINE void direct_tile(const int rows, const int full, const int nv, int64_t k, const real *A, int64_t lda,
+                             const real *B, int64_t ldb, real *C, int64_t ldc, int64_t n) {
     const vec_mask mask0 = vec_mask_inside(n, 0), mask1 = vec_mask_inside(n, VEC_LANES);
     vec c[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) c[i][v] = vec_zero();
+        for (int v = 0; v < nv; ++v) c[i][v] = vec_zero();
 
 #pragma GCC unroll 2
     for (int64_t p = 0; p < k; ++p) {
         const real *b = B + p * ldb;
         const vec b0 = full ? vec_loadu(b) : vec_loadu_masked(b, mask0);
-        const vec b1 = full ? vec_loadu(b + VEC_LANES) : vec_loadu_masked(b + VEC_LANES, mask1);
+        const vec b1 = nv < 2 ? vec_zero() : full ? vec_loadu(b + VEC_LANES) : vec_loadu_masked(b + VEC_LANES, mask1);
 #pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
             const vec ai = vec_broadcast(A + i * lda + p);
             c[i][0] = vec_fma(ai, b0, c[i][0]);
-            c[i][1] = vec_fma(ai, b1, c[i][1]);
+            if (nv > 1) c[i][1] = vec_fma(ai, b1, c[i][1]);
         }
     }
 #pragma GCC unroll 16
@@ -195,30 +196,32 @@ AVX2 INLINE void direct_tile(const int rows, const int full, int64_t k, const re
             vec_storeu(C + i * ldc + VEC_LANES, c[i][1]);
         } else {
             vec_storeu_masked(C + i * ldc, mask0, c[i][0]);
-            vec_storeu_masked(C + i * ldc + VEC_LANES, mask1, c[i][1]);
+            if (nv > 1) vec_storeu_masked(C + i * ldc + VEC_LANES, mask1, c[i][1]);
         }
     }
 }
 
-AVX2 INLINE void direct_rows(const int full, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
-                             int64_t ldc, int64_t m, int64_t n) {
+AVX2 INLINE void direct_rows(const int full, const int nv, int64_t k, const void *A, int64_t lda, const void *B,
+                             int64_t ldb, void *C, int64_t ldc, int64_t m, int64_t n) {
     switch (m) {
-    case 6: direct_tile(6, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 5: direct_tile(5, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 4: direct_tile(4, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 3: direct_tile(3, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 2: direct_tile(2, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 1: direct_tile(1, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 6: direct_tile(6, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 5: direct_tile(5, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 4: direct_tile(4, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 3: direct_tile(3, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 2: direct_tile(2, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 1: direct_tile(1, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
     }
 }
 
-/* The direct kernel: one instance per row count and per full or edge width. */
+/* The direct kernel: one instance per row count and per full, edge or one-vector width. */
 AVX2 static void direct(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
                         int64_t m, int64_t n) {
     if (n == NR)
-        direct_rows(1, k, A, lda, B, ldb, C, ldc, m, n);
+        direct_rows(1, NV, k, A, lda, B, ldb, C, ldc, m, n);
+    else if (n <= VEC_LANES) /* as kernel: one vector of FMAs a row */
+        direct_rows(0, 1, k, A, lda, B, ldb, C, ldc, m, n);
     else
-        direct_rows(0, k, A, lda, B, ldb, C, ldc, m, n);
+        direct_rows(0, NV, k, A, lda, B, ldb, C, ldc, m, n);
 }
 
 /* ---- packing A ---------------------------------------------------------------------------- */

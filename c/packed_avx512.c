@@ -176,12 +176,13 @@ AVX512 static void kernel(int64_t kc, const void *Ap, const void *Bp, void *C, i
  * packed panels, for problems too small for packing to pay (packed.c: direct_nest). A's
  * values are broadcast from its rows (row stride lda), B's rows are loaded with stride ldb.
  * A full-width tile uses plain loads and stores; an edge tile (`full` 0) masks the columns
- * past n off in every load and store, so no byte outside the matrices is touched. (Masked
+ * past n off in every load and store, so no byte outside the matrices is touched; one no
+ * wider than a vector (`nv` 1) computes that vector alone. (Masked
  * loads on full tiles, which the mask makes correct too, cost more: 64^3, one thread, two
  * runs of medians of 21 interleaved, 3-4% slower in float32 and 3-8% in float64.) C = the
  * tile (never accumulated: the direct path takes K whole). */
-AVX512 INLINE void direct_tile(const int rows, const int full, int64_t k, const real *A, int64_t lda, const real *B,
-                               int64_t ldb, real *C, int64_t ldc, int64_t n) {
+AVX512 INLINE void direct_tile(const int rows, const int full, const int nv, int64_t k, const real *A, int64_t lda,
+                               const real *B, int64_t ldb, real *C, int64_t ldc, int64_t n) {
     /* The lanes of each of the two vectors that lie in the tile's n columns (n >= 1), a bit a
      * lane: integer arithmetic, the same text for both types. */
     const vec_mask all = (vec_mask)((1u << VEC_LANES) - 1);
@@ -191,18 +192,18 @@ AVX512 INLINE void direct_tile(const int rows, const int full, int64_t k, const 
 #pragma GCC unroll 16
     for (int i = 0; i < rows; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) c[i][v] = vec_zero();
+        for (int v = 0; v < nv; ++v) c[i][v] = vec_zero();
 
 #pragma GCC unroll 2
     for (int64_t p = 0; p < k; ++p) {
         const real *b = B + p * ldb;
         const vec b0 = full ? vec_loadu(b) : vec_loadu_masked(b, mask0);
-        const vec b1 = full ? vec_loadu(b + VEC_LANES) : vec_loadu_masked(b + VEC_LANES, mask1);
+        const vec b1 = nv < 2 ? vec_zero() : full ? vec_loadu(b + VEC_LANES) : vec_loadu_masked(b + VEC_LANES, mask1);
 #pragma GCC unroll 16
         for (int i = 0; i < rows; ++i) {
             const vec ai = vec_broadcast(&A[i * lda + p]);
             c[i][0] = vec_fma(ai, b0, c[i][0]);
-            c[i][1] = vec_fma(ai, b1, c[i][1]);
+            if (nv > 1) c[i][1] = vec_fma(ai, b1, c[i][1]);
         }
     }
 #pragma GCC unroll 16
@@ -212,38 +213,40 @@ AVX512 INLINE void direct_tile(const int rows, const int full, int64_t k, const 
             vec_storeu(C + i * ldc + VEC_LANES, c[i][1]);
         } else {
             vec_storeu_masked(C + i * ldc, mask0, c[i][0]);
-            vec_storeu_masked(C + i * ldc + VEC_LANES, mask1, c[i][1]);
+            if (nv > 1) vec_storeu_masked(C + i * ldc + VEC_LANES, mask1, c[i][1]);
         }
     }
 }
 
-AVX512 INLINE void direct_rows(const int full, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb,
-                               void *C, int64_t ldc, int64_t m, int64_t n) {
+AVX512 INLINE void direct_rows(const int full, const int nv, int64_t k, const void *A, int64_t lda, const void *B,
+                               int64_t ldb, void *C, int64_t ldc, int64_t m, int64_t n) {
     switch (m) {
-    case 14: direct_tile(14, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 13: direct_tile(13, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 12: direct_tile(12, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 11: direct_tile(11, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 10: direct_tile(10, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 9: direct_tile(9, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 8: direct_tile(8, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 7: direct_tile(7, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 6: direct_tile(6, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 5: direct_tile(5, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 4: direct_tile(4, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 3: direct_tile(3, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 2: direct_tile(2, full, k, A, lda, B, ldb, C, ldc, n); break;
-    case 1: direct_tile(1, full, k, A, lda, B, ldb, C, ldc, n); break;
+    case 14: direct_tile(14, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 13: direct_tile(13, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 12: direct_tile(12, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 11: direct_tile(11, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 10: direct_tile(10, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 9: direct_tile(9, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 8: direct_tile(8, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 7: direct_tile(7, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 6: direct_tile(6, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 5: direct_tile(5, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 4: direct_tile(4, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 3: direct_tile(3, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 2: direct_tile(2, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
+    case 1: direct_tile(1, full, nv, k, A, lda, B, ldb, C, ldc, n); break;
     }
 }
 
-/* The direct kernel: one instance per row count and per full or edge width. */
+/* The direct kernel: one instance per row count and per full, edge or one-vector width. */
 AVX512 static void direct(int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
                           int64_t m, int64_t n) {
     if (n == NR)
-        direct_rows(1, k, A, lda, B, ldb, C, ldc, m, n);
+        direct_rows(1, NV, k, A, lda, B, ldb, C, ldc, m, n);
+    else if (n <= VEC_LANES) /* as kernel: one vector of FMAs a row */
+        direct_rows(0, 1, k, A, lda, B, ldb, C, ldc, m, n);
     else
-        direct_rows(0, k, A, lda, B, ldb, C, ldc, m, n);
+        direct_rows(0, NV, k, A, lda, B, ldb, C, ldc, m, n);
 }
 
 /* ---- packing A: a transpose in registers ---------------------------------------------------- */
