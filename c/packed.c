@@ -35,9 +35,10 @@
  *   N = 1 (y = A b)         vector path, matrix_times_column: a dot product per row of A,
  *                           SIMD along K, eight rows at a time (b is loaded once for eight
  *                           rows); threads split M.
- *   2 <= N <= 8, K >= 32 N  vector path, matrix_times_columns: the same dot products against
+ *   2 <= N <= 8, K long     vector path, matrix_times_columns: the same dot products against
  *                           each of B's few columns (copied into rows first), several rows of
- *                           A at a time; packing A would copy it to use each value n times.
+ *                           A at a time; packing A would copy it to use each value n times
+ *                           (dots_pay: how long K must be).
  *   B fits in half of L2,   direct path (direct_nest): the same register tile, reading A and
  *   and K <= 32 or          B where they lie. Packing earns its copy by making B's reuse come
  *   M N K <= 256^3          from L1 in unit stride; a B this small is already in L2 after its
@@ -83,6 +84,9 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "matmul.h"
 #include "packed.h"
@@ -322,24 +326,37 @@ static void matrix_times_column(const real *restrict A, const real *restrict b, 
 
 /* ---- 2 <= N <= 8: dot products against B's few columns ------------------------------------ */
 
-/* Up to DOTS_MAX_N columns of B, and K at least DOTS_MIN_K_PER_COLUMN times as many, C = A B
- * takes a dot product per element, SIMD along K as the N = 1 path does, against B's columns
- * copied into rows first (n x K, small). The loop nest packs all of A to use each value of it n
- * times, and runs tiles 16 or 32 columns wide for n of them; the direct path the same tiles,
- * unpacked. Each dot product ends in a sum of its lanes, which a short K does not repay: on a
- * Zen 4, one thread, medians of 7 calls against the faster of the two, M = 300 and 4096, n = 2,
- * 4, 8, K = 64 .. 1024: from K = 32 n 1.2-6.2x faster (n = 8 at K = 256 1.30-1.39x, n = 2 at
- * K = 512 2.8-6.0x), below it 0.69-1.10x (n = 8 at K = 64, 0.69-0.78x). */
-enum { DOTS_MAX_N = 8, DOTS_MIN_K_PER_COLUMN = 32 };
-
+/* Up to DOTS_MAX_N columns of B, C = A B can take a dot product per element, SIMD along K as
+ * the N = 1 path does, against B's columns copied into rows first (n x K, small). The loop nest
+ * packs all of A to use each value of it n times, and runs tiles 16 or 32 columns wide for n
+ * of them; the direct path the same tiles, unpacked, a vector of n <= 16 columns wasting the
+ * rest of its lanes (dots_pay says when the dot products win). */
+enum { DOTS_MAX_N = 8, DOTS_MIN_K_PER_COLUMN = 8 };
 /* The accumulators the dot products keep in registers, rows x n vectors: 24 of AVX-512's 32,
  * 12 of AVX2's 16 (the rest hold a vector of each row of A and one of B). */
 enum { DOTS_ACCUMULATORS = DOT_VEC_BYTES == 64 ? 24 : 12, DOTS_MAX_ROWS = 8 };
 
+/* The sum of a vector's lanes as a tree, halves first (lane l + lane l + DOT_VEC / 2, ...): a
+ * few vector operations where lane after lane took DOT_VEC - 1 dependent additions, the last
+ * step of every dot product below (at K = 256, about as long as the products themselves). */
+static inline __attribute__((always_inline)) real lanes_sum(dot_vec v) {
+#if defined(__AVX512F__) && defined(MATMUL_REAL_DOUBLE)
+    return _mm512_reduce_add_pd((__m512d)v);
+#elif defined(__AVX512F__)
+    return _mm512_reduce_add_ps((__m512)v);
+#else
+    real t[DOT_VEC];
+    memcpy(t, &v, sizeof t);
+    for (int w = DOT_VEC / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; ++l) t[l] += t[l + w];
+    return t[0];
+#endif
+}
+
 /* c[r * ldc + j] = row r of a (rows rows, K apart) . row j of bt (n rows, K apart), for r < rows
- * and j < n: each sum DOT_VEC partial sums over the whole vectors of K, then those lanes in
- * order, then the last K % DOT_VEC products, whatever `rows` (so a row's bits are its own,
- * however the rows are grouped or cut between threads). `rows` and `n` are constants wherever
+ * and j < n: each sum DOT_VEC partial sums over the whole vectors of K, then those lanes'
+ * sum (lanes_sum), then the last K % DOT_VEC products, whatever `rows` (so a row's bits are its
+ * own, however the rows are grouped or cut between threads). `rows` and `n` are constants wherever
  * this is inlined, so the loops unroll and the accumulators are registers. */
 static inline __attribute__((always_inline)) void rows_dot_columns(const int rows, const int n, const real *restrict a,
                                                                    int64_t K, const real *restrict bt, real *restrict c,
@@ -365,8 +382,7 @@ static inline __attribute__((always_inline)) void rows_dot_columns(const int row
     for (int r = 0; r < rows; ++r)
 #pragma GCC unroll 8
         for (int j = 0; j < n; ++j) {
-            real s = 0;
-            for (int l = 0; l < DOT_VEC; ++l) s += acc[r][j][l];
+            real s = lanes_sum(acc[r][j]);
             for (int64_t q = p; q < K; ++q) s += a[r * K + q] * bt[j * K + q];
             c[r * ldc + j] = s;
         }
@@ -394,6 +410,22 @@ static void matrix_times_columns(const real *restrict A, const real *restrict bt
     case 7: dots_rows(7, A, bt, C, K, i0, i1); break;
     case 8: dots_rows(8, A, bt, C, K, i0, i1); break;
     }
+}
+
+/* Whether 2 <= N <= DOTS_MAX_N takes the dot products (matrix_times_columns) rather than the
+ * tiles of `kernel` (the direct path's where `direct`, else the loop nest's). Only where this
+ * file's vectors are as wide as the tiles' (a build for plain x86-64 would run them 16 bytes
+ * wide beside AVX-512 tiles), and where K repays each dot product's final sum of lanes: against
+ * the loop nest, which also packs A, from K = 8 n; against the direct tiles, which use n of a
+ * vector's V lanes, from K (V - n) = 8 n V (never at n = V). One thread on a Zen 4, medians of
+ * 7 calls against the direct tiles, M = 300 and 4096, n = 2, 4, 8, K = 32 .. 256: where this
+ * holds, 0.99-5.4x as fast (the least float64 n = 4 at K = 64); left to the tiles, float64
+ * n = 8 (0.66-0.90x), float32 n = 8 at K = 32 (0.94-0.96x) and at K = 64 (1.2x), float32 n = 4 at
+ * K = 32 (1.5x). Against the loop nest, n = 8 at K = 32: 1.2-1.3x. */
+static int dots_pay(const struct packed_kernel *kernel, int64_t N, int64_t K, int direct) {
+    if (N < 2 || N > DOTS_MAX_N || 2 * DOT_VEC_BYTES < kernel->nr * (int64_t)sizeof(real)) return 0;
+    if (!direct) return K >= DOTS_MIN_K_PER_COLUMN * N;
+    return N < DOT_VEC && K * (DOT_VEC - N) >= DOTS_MIN_K_PER_COLUMN * N * DOT_VEC;
 }
 
 struct vector_job {
@@ -819,10 +851,11 @@ MATMUL_API int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, 
         return PACKED_OK;
     }
     if (path == PACKED_PATH_AUTO) {
-        if (M == 1 || N == 1 || (N <= DOTS_MAX_N && K >= DOTS_MIN_K_PER_COLUMN * N))
+        const int direct = K * N * (int64_t)sizeof(real) <= packed_cache_sizes().l2 / 2 &&
+                           (K <= DIRECT_MAX_K || (double)M * (double)N * (double)K <= DIRECT_MAX_FMAS);
+        if (M == 1 || N == 1 || dots_pay(kernel, N, K, direct))
             path = PACKED_PATH_VECTOR;
-        else if (K * N * (int64_t)sizeof(real) <= packed_cache_sizes().l2 / 2 &&
-                 (K <= DIRECT_MAX_K || (double)M * (double)N * (double)K <= DIRECT_MAX_FMAS))
+        else if (direct)
             path = PACKED_PATH_DIRECT; /* B stays in L2: packing it would only add a copy */
         else
             path = PACKED_PATH_NEST;
