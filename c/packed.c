@@ -834,8 +834,9 @@ static int loop_nest(const real *A, const real *B, real *C, int64_t M, int64_t N
 
 /* matmul_packed through a chosen path: 0 = by shape (what matmul_packed does), 1 = the vector
  * path (M = 1 or N <= 8 only; else returns 4), 2 = direct (no packing), 3 = the packed loop nest,
- * 4 = the vector path reading ahead by hand (B for M = 1, A for N = 1) whatever the CPU, the
- * size or the threads (1 reads ahead only where that was measured to pay). For comparing the paths
+ * 4 = the vector path reading ahead by hand (B for M = 1, A for N = 1; not the dot products
+ * of N = 2..8) whatever the CPU, the size or the threads (1 reads ahead only where that was
+ * measured to pay). For comparing the paths
  * on one shape; every path gives a correct product, and both vector paths the same bits. */
 MATMUL_API int TYPED(matmul_packed_path)(const real *A, const real *B, real *C, int64_t M, int64_t N, int64_t K,
                                          int64_t threads, int64_t variant, int64_t path) {
